@@ -1,0 +1,3 @@
+from taps_train.cli import main
+
+main()

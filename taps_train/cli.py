@@ -1,0 +1,129 @@
+"""The `taps-train` command.
+
+`fit`, `validate` and `test` are Lightning's own CLI (configs map one-to-one to constructor
+arguments); the other commands are typed functions exposed through jsonargparse. Errors the user can
+fix (`TapsError`) print as one line, never as a traceback.
+"""
+
+import sys
+
+from taps_train.errors import TapsError
+from taps_train.verifier.tiny import TinyVerifierSpec
+
+LIGHTNING_COMMANDS = {
+    "fit": "train a drafter (LightningCLI: --config configs/<name>.yaml)",
+    "validate": "run the validation loop of a drafter config/checkpoint",
+    "test": "run the test loop of a drafter config/checkpoint",
+}
+TOOL_COMMANDS = {
+    "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
+}
+USAGE = "\n".join(
+    [
+        "usage: taps-train <command> [options]   (taps-train <command> --help for its options)",
+        "",
+        "Train domain-specialized EAGLE-2 / HASS drafters for speculative decoding.",
+        "",
+        "commands:",
+        *(f"  {name:<10} {text}" for name, text in {**LIGHTNING_COMMANDS, **TOOL_COMMANDS}.items()),
+    ]
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command = args[0]
+    try:
+        if command in LIGHTNING_COMMANDS:
+            # LightningCLI reads sys.argv itself; pass args only when called from Python.
+            run_lightning(args if argv is not None else None, command)
+        elif command == "verifier":
+            run_verifier_command(args[1:])
+        else:
+            print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+            sys.exit(2)
+    except TapsError as err:
+        print(f"taps-train: error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run_lightning(args: list[str] | None, command: str) -> None:
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningCLI
+
+    LightningCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}"},
+    )
+
+
+def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = False) -> None:
+    """Build the offline tiny verifier (BPE tokenizer + 2-layer Llama, ~8 min on 2 CPU cores).
+
+    Cached under $TAPS_HOME (default ~/.cache/taps-train); an intact build is reused instantly, an
+    interrupted one resumes.
+
+    Args:
+        spec: what determines the weights (seed, sizes, steps); each spec has its own cache entry.
+        force: rebuild even if an intact build exists.
+    """
+    from taps_train.verifier.tiny import build_tiny_verifier, check_build
+
+    path = build_tiny_verifier(spec, force=force)
+    manifest = check_build(path)
+    loss = manifest["heldout_loss"]
+    print(f"{path}\n  held-out loss: gsm_symbolic {loss['gsm_symbolic']:.3f}, sharegpt {loss['sharegpt']:.3f} nats/token")
+
+
+def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: int = 128) -> None:
+    """Print the verifier's greedy reply to one user message (formatted with its chat template).
+
+    Args:
+        prompt: the user message.
+        verifier: `taps-tiny`, a local model directory, or a hub id.
+        max_new_tokens: reply length limit.
+    """
+    from taps_train.verifier.loading import load_verifier
+    from taps_train.verifier.tiny import greedy_reply
+
+    loaded = load_verifier(verifier)
+    print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
+
+
+def verifier_info(verifier: str = "taps-tiny") -> None:
+    """Print where a verifier lives, its size, and (for the tiny verifier) its build manifest.
+
+    Args:
+        verifier: `taps-tiny`, a local model directory, or a hub id.
+    """
+    import json
+
+    from taps_train.verifier.loading import TINY_VERIFIER, load_verifier
+    from taps_train.verifier.tiny import check_build
+
+    loaded = load_verifier(verifier)
+    parameters = sum(p.numel() for p in loaded.model.parameters())
+    print(f"{loaded.path}: {loaded.model.config.model_type}, {parameters:,} parameters, vocabulary {len(loaded.tokenizer)}")
+    if verifier == TINY_VERIFIER:
+        from pathlib import Path
+
+        print(json.dumps(check_build(Path(loaded.path)), indent=2))
+
+
+def run_verifier_command(args: list[str]) -> None:
+    from jsonargparse import CLI
+
+    CLI(
+        {"build": verifier_build, "generate": verifier_generate, "info": verifier_info},
+        args=args,
+        prog="taps-train verifier",
+        description=TOOL_COMMANDS["verifier"],
+    )

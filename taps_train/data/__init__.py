@@ -1,0 +1,1 @@
+"""Data: reading sources into conversations (later: recipes, masks, feature cache, datamodule)."""

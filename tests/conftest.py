@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny *random* Llama verifier for unit tests (seconds to build) and the real
+offline tiny verifier for integration tests (built once per machine, then reused)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from taps_train.data.corpora import gsm_symbolic_conversations
+from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
+
+
+@pytest.fixture(scope="session")
+def random_verifier_dir(tmp_path_factory) -> Path:
+    """A saved HF model directory: BPE tokenizer (~400 tokens) + 2-layer hidden-32 random Llama."""
+    path = tmp_path_factory.mktemp("random_verifier")
+    texts = [m["content"] for c in gsm_symbolic_conversations(60, seed=7) for m in c.messages]
+    tokenizer = train_chat_tokenizer(texts, vocab_size=400)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOT),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier_dir() -> Path:
+    """The real offline tiny verifier under $TAPS_HOME (builds it on first use, ~8 min on 2 cores)."""
+    from taps_train.verifier.tiny import ensure_tiny_verifier
+
+    return ensure_tiny_verifier()
