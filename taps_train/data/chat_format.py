@@ -1,0 +1,52 @@
+"""Chat formatting with assistant-only loss masks, for any tokenizer's chat template.
+
+The mask is derived, not hand-tuned: we render the conversation prefix by prefix with the
+tokenizer's own template, so each assistant turn's character span is exactly "what the template
+adds for this message after the generation prompt" (content + end-of-turn token, header excluded).
+Token offsets then map spans to tokens. This works unchanged for the tiny verifier and real Llama-3.
+"""
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from taps_train.data.conversation import Conversation
+from taps_train.errors import TapsError
+
+
+@dataclass(frozen=True)
+class TokenizedSample:
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 on assistant tokens (end-of-turn included), 0 elsewhere
+
+
+def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the [start, end) character span of every assistant turn."""
+    full = _render(tokenizer, messages, generation_prompt=False)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:index], generation_prompt=True)
+        after = _render(tokenizer, messages[: index + 1], generation_prompt=False)
+        if not (after.startswith(before) and full.startswith(after)):
+            raise TapsError(
+                f"the chat template of {tokenizer.name_or_path} renders conversation prefixes inconsistently "
+                "(a prefix is not a prefix of the full render), so assistant masks cannot be derived; "
+                "use a template whose turns are rendered independently (as Llama-3's are)"
+            )
+        spans.append((len(before), len(after)))
+    return full, spans
+
+
+def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, conversation: Conversation, max_length: int) -> TokenizedSample:
+    """Token ids and assistant loss mask of one conversation, truncated to `max_length` tokens."""
+    text, spans = assistant_spans(tokenizer, conversation.messages)
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(start <= begin < end for start, end in spans)) for begin, _ in encoding["offset_mapping"]]
+    return TokenizedSample(conversation.id, encoding["input_ids"][:max_length], mask[:max_length])
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
