@@ -16,6 +16,7 @@ LIGHTNING_COMMANDS = {
     "test": "run the test loop of a drafter config/checkpoint",
 }
 TOOL_COMMANDS = {
+    "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
 }
 USAGE = "\n".join(
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
             run_lightning(args if argv is not None else None, command)
         elif command == "verifier":
             run_verifier_command(args[1:])
+        elif command == "cache":
+            run_cache_command(args[1:])
         else:
             print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             sys.exit(2)
@@ -63,6 +66,44 @@ def run_lightning(args: list[str] | None, command: str) -> None:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}"},
     )
+
+
+def run_cache_command(args: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="taps-train cache",
+        description="Build (resume, or extend) the verifier feature caches of a data recipe's sources; a second call is a no-op.",
+    )
+    parser.add_argument("--recipe", required=True, help="a data recipe YAML (see data_recipes/)")
+    parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local model directory, or a hub id")
+    parser.add_argument("--cache-dir", default=None, help="cache root (default $TAPS_HOME/features)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"], help="stored feature dtype (fp8 keeps a per-token scale)")
+    parser.add_argument("--dry-run", action="store_true", help="print token count and estimated disk size; run no verifier")
+    parser.add_argument("--verify", action="store_true", help="check every shard's checksum after building")
+    cache(**vars(parser.parse_args(args)))
+
+
+def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, dry_run: bool, verify: bool) -> None:
+    from taps_train.data.feature_cache import CacheSettings
+    from taps_train.data.prepare import RecipePreparer
+    from taps_train.data.recipe import load_recipe
+
+    preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype))
+    for selected in preparer.selected:
+        print(f"{selected.selection.source}: {selected.report.summary()}; {selected.duplicates} duplicates dropped")
+    sources = preparer.sources(regenerate=not dry_run)
+    rows = preparer.estimate(sources)
+    for row in rows:
+        print(f"{row['source']}: {row['samples']} samples, {row['tokens']:,} tokens ({row['assistant_tokens']:,} in the loss), "
+              f"{row['new_bytes'] / 1e6:,.1f} MB to write -> {row['cache']}")
+    print(f"total: {sum(r['tokens'] for r in rows):,} tokens, {sum(r['new_bytes'] for r in rows) / 1e6:,.1f} MB to write ({dtype})")
+    if dry_run:
+        return
+    for built in preparer.build(sources):
+        if verify:
+            built.verify()
+        print(f"ready: {built.directory} ({len(built)} samples)")
 
 
 def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = False) -> None:

@@ -9,7 +9,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from taps_train.errors import TapsError
 from taps_train.verifier import tiny
 from taps_train.verifier.pretrain import PretrainSchedule, pretrain
-from taps_train.verifier.tiny import MANIFEST, TinyVerifierSpec, build_tiny_verifier, check_build, ensure_tiny_verifier
+from taps_train.verifier.tiny import (
+    MANIFEST,
+    TinyVerifierSpec,
+    build_tiny_verifier,
+    check_build,
+    ensure_tiny_verifier,
+)
 
 MICRO = TinyVerifierSpec(
     vocab_size=400, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, seq_len=64, batch_size=2,

@@ -1,8 +1,9 @@
 """Chat formatting with assistant-only loss masks, for any tokenizer's chat template.
 
 The mask is derived, not hand-tuned: we render the conversation prefix by prefix with the
-tokenizer's own template, so each assistant turn's character span is exactly "what the template
-adds for this message after the generation prompt" (content + end-of-turn token, header excluded).
+tokenizer's own template. An assistant turn starts where a sentinel reply would start in the same
+prefix (so the header is excluded) and ends where the prefix ending with that turn ends (so the
+end-of-turn token is included).
 Token offsets then map spans to tokens. This works unchanged for the tiny verifier and real Llama-3.
 """
 
@@ -12,6 +13,8 @@ from transformers import PreTrainedTokenizerBase
 
 from taps_train.data.conversation import Conversation
 from taps_train.errors import TapsError
+
+_SENTINEL = "\u2063taps-sentinel\u2063"
 
 
 @dataclass(frozen=True)
@@ -28,15 +31,16 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:index], generation_prompt=True)
+        probe = _render(tokenizer, [*messages[:index], {"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
+        start = probe.find(_SENTINEL)
         after = _render(tokenizer, messages[: index + 1], generation_prompt=False)
-        if not (after.startswith(before) and full.startswith(after)):
+        if start < 0 or after[:start] != probe[:start] or not full.startswith(after):
             raise TapsError(
                 f"the chat template of {tokenizer.name_or_path} renders conversation prefixes inconsistently "
                 "(a prefix is not a prefix of the full render), so assistant masks cannot be derived; "
                 "use a template whose turns are rendered independently (as Llama-3's are)"
             )
-        spans.append((len(before), len(after)))
+        spans.append((start, len(after)))
     return full, spans
 
 

@@ -5,14 +5,18 @@ skipped; recipes decide which samples to take. `fingerprint()` identifies the po
 feature caches built from it can be recognised and reused.
 """
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from taps_train.data.conversation import BadRecord, Conversation
-from taps_train.data.corpora import gsm_symbolic_conversations, read_conversations, sharegpt_package_path
+from taps_train.data.corpora import (
+    gsm_symbolic_conversations,
+    read_conversations,
+    sharegpt_package_path,
+)
 from taps_train.data.records import ReadReport, read_records
 from taps_train.errors import TapsError
+from taps_train.hashing import file_sha256
 
 PACKAGE = "package"
 
@@ -35,13 +39,6 @@ def _local_or_hub_file(location: str, filename: str, revision: str | None) -> Pa
         ) from err
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 @dataclass(frozen=True)
 class ShareGPT:
@@ -60,7 +57,7 @@ class ShareGPT:
         return read_conversations(self.path())
 
     def fingerprint(self) -> str:
-        return f"sharegpt:{_file_digest(self.path())}"
+        return f"sharegpt:{file_sha256(self.path())}"
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class MathInstruct:
         return conversations, report
 
     def fingerprint(self) -> str:
-        return f"mathinstruct:{_file_digest(self.path())}"
+        return f"mathinstruct:{file_sha256(self.path())}"
 
 
 def _instruction_record(record: object, fallback_id: str) -> Conversation:
@@ -130,7 +127,7 @@ class Jsonl:
         path = Path(self.path).expanduser()
         if not path.is_file():
             raise TapsError(f"data file {path} does not exist or is not a file; fix the path in the recipe")
-        return f"jsonl:{_file_digest(path)}"
+        return f"jsonl:{file_sha256(path)}"
 
 
 SOURCES = {"sharegpt": ShareGPT, "mathinstruct": MathInstruct, "gsm_symbolic": GsmSymbolic, "jsonl": Jsonl}

@@ -23,11 +23,22 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from rich.console import Console
-from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+)
 
 from taps_train.data.conversation import Conversation
-from taps_train.data.corpora import gsm_symbolic_conversations, read_conversations, sharegpt_package_path
+from taps_train.data.corpora import (
+    gsm_symbolic_conversations,
+    read_conversations,
+    sharegpt_package_path,
+)
 from taps_train.errors import TapsError
+from taps_train.hashing import file_sha256
 from taps_train.home import taps_home
 from taps_train.verifier.pretrain import PretrainSchedule, mean_loss, pretrain
 from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
@@ -114,7 +125,7 @@ def check_build(path: Path) -> dict:
         file = path / name
         if not file.is_file():
             raise TapsError(f"cached tiny verifier at {path} is missing {name}; {fix}")
-        if _sha256(file) != digest:
+        if file_sha256(file) != digest:
             raise TapsError(f"cached tiny verifier at {path} has a corrupt {name} (checksum mismatch); {fix}")
     return manifest
 
@@ -186,7 +197,7 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "heldout_loss": heldout,
         "samples": samples,
         "build_seconds": round(time.perf_counter() - began, 1),
-        "files": {f.name: _sha256(f) for f in sorted(staging.iterdir()) if f.is_file()},
+        "files": {f.name: file_sha256(f) for f in sorted(staging.iterdir()) if f.is_file()},
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if out_dir.exists():
@@ -261,11 +272,3 @@ def _model_config(spec: TinyVerifierSpec, tokenizer: PreTrainedTokenizerBase) ->
         eos_token_id=tokenizer.convert_tokens_to_ids(EOT),
         pad_token_id=tokenizer.pad_token_id,
     )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

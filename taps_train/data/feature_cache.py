@@ -1,0 +1,268 @@
+"""The verifier feature cache: packed, checksummed, resumable, fingerprinted.
+
+Layout of one cache directory (one per verifier x source selection x max length x dtype):
+
+    manifest.json             fingerprint, shard list (position range, bytes, sha256), build report
+    shard-00000.safetensors   features [T, H], input_ids [T] int32, loss_mask [T] uint8,
+                              offsets [n+1] int64 (per-sample token ranges), scales [T] (fp8 only)
+
+Samples are addressed by *position* in the source's seeded permutation (held-out first, then
+training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
+index views and cost no feature bytes. Each shard covers a fixed range of positions and is written
+atomically, so a killed build resumes shard by shard and ends byte-identical to an uninterrupted one.
+
+Stored feature: the verifier's `last_hidden_state` (after the final norm, equal to
+`hidden_states[-1]` in transformers), so the verifier's LM head applies to it directly.
+"""
+
+import bisect
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from taps_train.data.chat_format import TokenizedSample
+from taps_train.errors import TapsError
+from taps_train.hashing import file_sha256
+
+FORMAT = 1
+FEATURE_KIND = "last_hidden_state_post_norm"
+FP8_MAX = 448.0  # largest finite float8_e4m3fn value
+STORAGE_DTYPES = ("bfloat16", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    dtype: str = "bfloat16"
+    shard_samples: int = 1024
+    batch_tokens: int = 16384  # verifier forward batch budget (padded tokens)
+
+    def __post_init__(self):
+        if self.dtype not in STORAGE_DTYPES:
+            raise TapsError(f"unknown feature cache dtype {self.dtype!r}; use one of {STORAGE_DTYPES}")
+
+
+def bytes_per_token(hidden_size: int, dtype: str) -> int:
+    """Stored bytes per token: features (+ fp8 scale) + int32 id + uint8 mask."""
+    features = 2 * hidden_size if dtype == "bfloat16" else hidden_size + 4
+    return features + 4 + 1
+
+
+def shard_ranges(num_samples: int, shard_samples: int) -> list[tuple[int, int]]:
+    return [(start, min(start + shard_samples, num_samples)) for start in range(0, num_samples, shard_samples)]
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Group indices by descending length so each padded batch stays within `batch_tokens`."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches, current = [], []
+    for index in order:
+        if current and (len(current) + 1) * lengths[current[0]] > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.no_grad()
+def verifier_features(model: torch.nn.Module, samples: list[TokenizedSample], pad_id: int) -> list[torch.Tensor]:
+    """Post-norm last hidden states of right-padded `samples`, one [len, H] tensor each."""
+    device = next(model.parameters()).device
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        ids[row, : len(sample.input_ids)] = torch.tensor(sample.input_ids)
+        attention[row, : len(sample.input_ids)] = 1
+    hidden = model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
+    return [hidden[row, : len(sample.input_ids)] for row, sample in enumerate(samples)]
+
+
+def _encode(features: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    if dtype == "bfloat16":
+        return {"features": features.to(torch.bfloat16).cpu()}
+    features = features.float()
+    scales = (features.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
+    return {"features": (features / scales[:, None]).to(torch.float8_e4m3fn).cpu(), "scales": scales.cpu()}
+
+
+def build_cache(
+    model: torch.nn.Module,
+    samples: list[TokenizedSample],
+    directory: Path,
+    fingerprint: dict,
+    settings: CacheSettings,
+    pad_id: int,
+    report: dict | None = None,
+) -> "FeatureCache":
+    """Build (or resume, or extend) the cache of `samples` at `directory` and open it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = _read_manifest(directory)
+    if manifest is None:
+        manifest = {"format": FORMAT, "fingerprint": fingerprint, "shards": [], "samples": 0}
+    elif manifest["fingerprint"] != fingerprint:
+        raise TapsError(_mismatch(directory, manifest["fingerprint"], fingerprint))
+    ranges = shard_ranges(len(samples), settings.shard_samples)
+    done = {(s["start"], s["end"]): s for s in manifest["shards"] if _shard_intact_size(directory, s)}
+    todo = [r for r in ranges if r not in done]
+    todo_tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
+    hidden_size = model.config.hidden_size
+    _check_disk(directory, todo_tokens * bytes_per_token(hidden_size, settings.dtype))
+    records = dict(done)
+    with tqdm(total=todo_tokens, desc=f"caching features ({directory.name})", unit="tok", unit_scale=True, disable=not todo) as bar:
+        for start, end in todo:
+            records[(start, end)] = _write_shard(model, samples[start:end], directory, (start, end), settings, pad_id, bar)
+            manifest["shards"] = [records[r] for r in ranges if r in records]
+            manifest["samples"] = _contiguous_samples(manifest["shards"])
+            _write_manifest(directory, manifest)
+    manifest["shards"] = [records[r] for r in ranges]
+    manifest["samples"] = len(samples)
+    if report is not None:
+        manifest["report"] = report
+    _write_manifest(directory, manifest)
+    return FeatureCache(directory, fingerprint)
+
+
+def _write_shard(model, samples, directory: Path, span: tuple[int, int], settings: CacheSettings, pad_id: int, bar) -> dict:
+    features: list[torch.Tensor | None] = [None] * len(samples)
+    for batch in length_batches([len(s.input_ids) for s in samples], settings.batch_tokens):
+        for index, hidden in zip(batch, verifier_features(model, [samples[i] for i in batch], pad_id)):
+            features[index] = hidden
+        bar.update(sum(len(samples[i].input_ids) for i in batch))
+    lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
+    tensors = {
+        **_encode(torch.cat(features), settings.dtype),
+        "input_ids": torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
+        "offsets": torch.cumsum(lengths, 0),
+    }
+    name = f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    save_file(tensors, tmp, metadata={"start": str(span[0]), "end": str(span[1])})
+    record = {"file": name, "start": span[0], "end": span[1], "tokens": int(lengths.sum()), "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+    os.replace(tmp, directory / name)
+    return record
+
+
+class FeatureCache:
+    """Read side: sample `position` -> {input_ids, loss_mask, features}; shards memory-mapped, each
+    checked against its SHA-256 the first time this process opens it."""
+
+    def __init__(self, directory: str | Path, fingerprint: dict | None = None):
+        self.directory = Path(directory)
+        manifest = _read_manifest(self.directory)
+        if manifest is None:
+            raise TapsError(f"no feature cache at {self.directory}; build it with `taps-train cache --recipe <recipe>`")
+        if fingerprint is not None and manifest["fingerprint"] != fingerprint:
+            raise TapsError(_mismatch(self.directory, manifest["fingerprint"], fingerprint))
+        self.manifest = manifest
+        self.shards = manifest["shards"]
+        for shard in self.shards:
+            if not _shard_intact_size(self.directory, shard):
+                raise TapsError(f"feature cache shard {self.directory / shard['file']} is missing or truncated; {self.rebuild_hint}")
+        self._starts = [s["start"] for s in self.shards]
+        self._open: dict[int, tuple] = {}
+
+    @property
+    def rebuild_hint(self) -> str:
+        return f"delete {self.directory} and rebuild it with `taps-train cache --recipe <recipe>`"
+
+    def __len__(self) -> int:
+        return self.manifest["samples"]
+
+    def length(self, position: int) -> int:
+        shard, local = self._locate(position)
+        offsets = self._handles(shard)[1]
+        return int(offsets[local + 1] - offsets[local])
+
+    def __getitem__(self, position: int) -> dict[str, torch.Tensor]:
+        shard, local = self._locate(position)
+        handle, offsets = self._handles(shard)
+        a, b = int(offsets[local]), int(offsets[local + 1])
+        features = handle.get_slice("features")[a:b]
+        if "scales" in handle.keys():
+            features = features.float() * handle.get_slice("scales")[a:b][:, None]
+        return {
+            "input_ids": handle.get_slice("input_ids")[a:b].long(),
+            "loss_mask": handle.get_slice("loss_mask")[a:b].bool(),
+            "features": features.float(),
+        }
+
+    def verify(self) -> None:
+        """Check every shard's checksum now (normally done lazily on first open)."""
+        for index in range(len(self.shards)):
+            self._handles(index)
+
+    def _locate(self, position: int) -> tuple[int, int]:
+        if not 0 <= position < len(self):
+            raise IndexError(f"position {position} outside cache of {len(self)} samples at {self.directory}")
+        shard = bisect.bisect_right(self._starts, position) - 1
+        return shard, position - self.shards[shard]["start"]
+
+    def _handles(self, shard: int):
+        if shard not in self._open:
+            record = self.shards[shard]
+            path = self.directory / record["file"]
+            if file_sha256(path) != record["sha256"]:
+                raise TapsError(f"feature cache shard {path} fails its checksum (corrupt); {self.rebuild_hint}")
+            handle = safe_open(str(path), framework="pt")
+            self._open[shard] = (handle, handle.get_tensor("offsets"))
+        return self._open[shard]
+
+    def __getstate__(self):  # DataLoader workers reopen shards themselves
+        return {**self.__dict__, "_open": {}}
+
+
+def _contiguous_samples(shards: list[dict]) -> int:
+    covered = 0
+    for shard in shards:
+        if shard["start"] != covered:
+            break
+        covered = shard["end"]
+    return covered
+
+
+def _shard_intact_size(directory: Path, shard: dict) -> bool:
+    path = directory / shard["file"]
+    return path.is_file() and path.stat().st_size == shard["bytes"]
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    path = directory / "manifest.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise TapsError(f"feature cache manifest {path} is corrupt ({err}); delete {directory} and rebuild") from err
+
+
+def _write_manifest(directory: Path, manifest: dict) -> None:
+    tmp = directory / f".manifest.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    os.replace(tmp, directory / "manifest.json")
+
+
+def _mismatch(directory: Path, found: dict, expected: dict) -> str:
+    fields = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
+    return (
+        f"feature cache {directory} was built for a different setup (differs in: {', '.join(fields)}); "
+        f"refusing to use it. Delete it or point cache_dir elsewhere to rebuild"
+    )
+
+
+def _check_disk(directory: Path, needed: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise TapsError(
+            f"feature cache at {directory} needs ~{needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free; "
+            "free space, choose another cache_dir, or use fp8 / online mode"
+        )

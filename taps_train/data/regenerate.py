@@ -1,0 +1,98 @@
+"""Response regeneration: replace a source's assistant turns with the verifier's own replies.
+
+A drafter learns to predict the verifier; training on the verifier's own text (EAGLE-3, SpecForge)
+rather than on what ChatGPT once wrote removes a distribution shift. Turns are regenerated in order,
+so later prompts see the regenerated earlier replies. Results are cached as JSONL, one line per
+conversation, appended chunk by chunk: an interrupted run resumes where it stopped, and each chunk has
+its own seed so the result does not depend on where it was interrupted.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from taps_train.data.conversation import Conversation
+from taps_train.data.recipe import Regenerate
+
+CHUNK = 32
+
+
+def regenerate(
+    conversations: list[Conversation],
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    spec: Regenerate,
+    max_length: int,
+    cache_file: Path,
+) -> list[Conversation]:
+    done = _read_done(cache_file)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc="regenerating replies", unit="conv") as bar:
+        for start in range(len(done), len(conversations), CHUNK):
+            torch.manual_seed(spec.seed * 1_000_003 + start)
+            chunk = _regenerate_chunk(conversations[start : start + CHUNK], model, tokenizer, spec, max_length)
+            for conversation in chunk:
+                out.write(json.dumps({"id": conversation.id, "messages": conversation.messages}) + "\n")
+            out.flush()
+            done += chunk
+            bar.update(len(chunk))
+    return done[: len(conversations)]
+
+
+def _read_done(cache_file: Path) -> list[Conversation]:
+    """Complete lines of a previous run; a line cut by a crash is dropped and the file trimmed."""
+    if not cache_file.exists():
+        return []
+    lines = cache_file.read_text().split("\n")
+    complete = [json.loads(line) for line in lines[:-1]]
+    complete = complete[: len(complete) // CHUNK * CHUNK]  # resume on a chunk boundary: seeds are per chunk
+    cache_file.write_text("".join(json.dumps(c) + "\n" for c in complete))
+    return [Conversation(c["id"], c["messages"]) for c in complete]
+
+
+@torch.no_grad()
+def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int) -> list[Conversation]:
+    """Regenerate turn by turn across the chunk, batching every conversation waiting for a reply."""
+    messages = [[] for _ in chunk]
+    finished = [False] * len(chunk)
+    for turn in range(max(len(c.messages) for c in chunk)):
+        waiting = []
+        for i, conversation in enumerate(chunk):
+            if finished[i] or turn >= len(conversation.messages):
+                continue
+            if conversation.messages[turn]["role"] == "assistant":
+                waiting.append(i)
+            else:
+                messages[i].append(conversation.messages[turn])
+        prompts = {i: tokenizer.apply_chat_template(messages[i], tokenize=False, add_generation_prompt=True) for i in waiting}
+        for i in waiting:  # no room left for a reply within max_length: the conversation ends here
+            if len(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]) >= max_length - 1:
+                finished[i] = True
+        waiting = [i for i in waiting if not finished[i]]
+        if not waiting:
+            continue
+        encoded = tokenizer([prompts[i] for i in waiting], add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
+        width = encoded["input_ids"].shape[1]
+        sampling = {"do_sample": True, "temperature": spec.temperature, "top_k": 0} if spec.temperature > 0 else {"do_sample": False}
+        output = model.generate(
+            **encoded.to(model.device),
+            max_new_tokens=min(spec.max_new_tokens, max_length - int(encoded["attention_mask"].sum(1).max())),
+            eos_token_id=model.generation_config.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
+        )
+        for row, i in enumerate(waiting):
+            reply = tokenizer.decode(output[row, width:], skip_special_tokens=True).strip()
+            messages[i].append({"role": "assistant", "content": reply})
+    return [Conversation(c.id, _ending_with_reply(m)) for c, m in zip(chunk, messages)]
+
+
+def _ending_with_reply(messages: list[dict]) -> list[dict]:
+    """Drop trailing non-assistant turns so each conversation ends with a reply."""
+    messages = list(messages)
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    return messages

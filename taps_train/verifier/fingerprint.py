@@ -1,0 +1,51 @@
+"""Content fingerprints of a verifier and its tokenizer, so caches built for one verifier are never
+silently used with another."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from taps_train.hashing import file_sha256
+from taps_train.home import taps_home
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def verifier_fingerprint(path: str, tokenizer: PreTrainedTokenizerBase, revision: str | None = None) -> dict:
+    """Path, weights hash (local directory) or hub id + revision, and tokenizer/chat-template hash."""
+    weights = _weights_hash(Path(path)) if Path(path).is_dir() else f"hub:{path}@{revision or 'main'}"
+    return {"path": path, "weights": weights, "tokenizer": tokenizer_hash(tokenizer)}
+
+
+def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    backend = tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    blob = json.dumps({"backend": backend, "chat_template": tokenizer.chat_template, "special": tokenizer.all_special_tokens})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _weights_hash(directory: Path) -> str:
+    """SHA-256 over the weight files, memoized by (path, size, mtime) because 8B checkpoints are 16 GB."""
+    files = sorted(f for f in directory.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file())
+    memo_path = taps_home() / "weights_hashes.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    digest = hashlib.sha256()
+    changed = False
+    for file in files:
+        stat = file.stat()
+        key = f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        if key not in memo:
+            memo[key] = file_sha256(file)
+            changed = True
+        digest.update(f"{file.name}:{memo[key]}".encode())
+    if changed:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_path)
+    return digest.hexdigest()[:16]
