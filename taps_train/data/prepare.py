@@ -8,6 +8,7 @@ than a source) is checked by `select` before the verifier runs.
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -39,9 +40,16 @@ class PreparedSource:
 
     name: str
     selected: SelectedSource
-    samples: list[TokenizedSample]
+    conversations: list[Conversation]
+    tokenizer: PreTrainedTokenizerBase
+    max_length: int
     directory: Path
     fingerprint: dict
+
+    @cached_property
+    def samples(self) -> list[TokenizedSample]:
+        """Tokenized on first use: reading an existing cache does not need it."""
+        return tokenize_all(self.tokenizer, self.conversations, self.max_length, self.name)
 
     @property
     def heldout_positions(self) -> range:
@@ -107,7 +115,9 @@ class RecipePreparer:
                 PreparedSource(
                     name=f"{selected.selection.source}[{index}]",
                     selected=selected,
-                    samples=tokenize_all(self.tokenizer, conversations, self.recipe.max_length, selected.selection.source),
+                    conversations=conversations,
+                    tokenizer=self.tokenizer,
+                    max_length=self.recipe.max_length,
                     directory=self.cache_root / digest,
                     fingerprint=fingerprint,
                 )
@@ -117,8 +127,7 @@ class RecipePreparer:
     def build(self, sources: list[PreparedSource]) -> list[FeatureCache]:
         caches = []
         for source in sources:
-            needed = len(source.samples)
-            if source.cached_samples() >= needed:
+            if source.cached_samples() >= len(source.conversations):
                 caches.append(source.open_cache())
                 continue
             report = {"source": source.selected.report.summary(), "duplicates_dropped": source.selected.duplicates}

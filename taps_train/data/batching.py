@@ -1,0 +1,98 @@
+"""Length-bucketed batching and padding for drafter training.
+
+Conversations vary from 50 to 2,000 tokens; batching similar lengths keeps padding low. The batch
+sampler shards its batches across DDP ranks itself (Lightning leaves non-`BatchSampler` samplers alone),
+reshuffles per epoch through `set_epoch`, and can skip the batches a resumed run already consumed.
+"""
+
+import random
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+
+class BucketBatchSampler:
+    """Yield lists of dataset indices: shuffled, bucketed by length, capped by count and tokens."""
+
+    def __init__(self, lengths: list[int], batch_size: int, max_tokens: int | None = None, shuffle: bool = True,
+                 seed: int = 0, bucket_batches: int = 64):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.lengths = lengths
+        self.max_batch = batch_size
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.bucket = batch_size * bucket_batches
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip_next(self, batches: int) -> None:
+        """Make the next iteration start after `batches` batches (exact mid-epoch resume)."""
+        self._skip = batches
+
+    def _all_batches(self) -> list[list[int]]:
+        order = list(range(len(self.lengths)))
+        rng = random.Random(self.seed * 7919 + self.epoch)
+        if self.shuffle:
+            rng.shuffle(order)
+        batches = []
+        for start in range(0, len(order), self.bucket):
+            bucket = sorted(order[start : start + self.bucket], key=lambda i: self.lengths[i])
+            batches += self._split(bucket)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def _split(self, indices: list[int]) -> list[list[int]]:
+        """Split length-sorted (ascending) indices; the newest index is the longest of its batch."""
+        batches, current = [], []
+        for index in indices:
+            too_many_tokens = self.max_tokens is not None and current and (len(current) + 1) * self.lengths[index] > self.max_tokens
+            if len(current) == self.max_batch or too_many_tokens:
+                batches.append(current)
+                current = []
+            current.append(index)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _rank_batches(self) -> list[list[int]]:
+        batches = self._all_batches()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            per_rank = len(batches) // world  # equal counts keep ranks in lockstep
+            batches = batches[rank * per_rank : (rank + 1) * per_rank]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._rank_batches()[self._skip :]
+        self._skip = 0
+        yield from batches
+
+    def __len__(self) -> int:
+        return len(self._rank_batches()) - self._skip
+
+
+def pad_collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad `input_ids`, `loss_mask` and (if present) `features`; add `attention_mask`."""
+    width = max(len(item["input_ids"]) for item in items)
+    batch = {
+        "input_ids": torch.zeros(len(items), width, dtype=torch.long),
+        "loss_mask": torch.zeros(len(items), width, dtype=torch.bool),
+        "attention_mask": torch.zeros(len(items), width, dtype=torch.bool),
+    }
+    if "features" in items[0]:
+        batch["features"] = torch.zeros(len(items), width, items[0]["features"].shape[-1])
+    for row, item in enumerate(items):
+        n = len(item["input_ids"])
+        batch["input_ids"][row, :n] = item["input_ids"]
+        batch["loss_mask"][row, :n] = item["loss_mask"]
+        batch["attention_mask"][row, :n] = True
+        if "features" in batch:
+            batch["features"][row, :n] = item["features"]
+    return batch

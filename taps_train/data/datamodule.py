@@ -1,0 +1,141 @@
+"""`DrafterDataModule`: recipe -> (cached or online) samples -> length-bucketed batches.
+
+Offline mode (default) reads verifier features from the feature cache, built in `prepare_data` on
+first use. Online mode stores nothing: batches carry tokens only and the training step runs the
+frozen verifier, for recipes whose caches would not fit on disk. Validation uses the recipe's
+held-out samples, which training never sees.
+"""
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
+
+from taps_train.data.batching import BucketBatchSampler, pad_collate
+from taps_train.data.chat_format import TokenizedSample
+from taps_train.data.feature_cache import CacheSettings, FeatureCache
+from taps_train.data.prepare import PreparedSource, RecipePreparer
+from taps_train.data.recipe import load_recipe
+
+
+class CachedSamples(Dataset):
+    """Some positions of one feature cache: mixtures and splits are views, not copies."""
+
+    def __init__(self, cache: FeatureCache, positions: list[int]):
+        self.cache, self.positions = cache, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.cache[self.positions[index]]
+
+    def lengths(self) -> list[int]:
+        return [self.cache.length(p) for p in self.positions]
+
+
+class TokenSamples(Dataset):
+    """Tokens and loss masks only (online mode): features come from the verifier in the training step."""
+
+    def __init__(self, samples: list[TokenizedSample]):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample = self.samples[index]
+        return {"input_ids": torch.tensor(sample.input_ids), "loss_mask": torch.tensor(sample.loss_mask, dtype=torch.bool)}
+
+    def lengths(self) -> list[int]:
+        return [len(s.input_ids) for s in self.samples]
+
+
+class DrafterDataModule(LightningDataModule):
+    def __init__(
+        self,
+        recipe: str,
+        verifier: str = "taps-tiny",
+        cache_dir: str | None = None,
+        feature_dtype: str = "bfloat16",
+        online: bool = False,
+        batch_size: int = 8,
+        max_tokens_per_batch: int | None = None,
+        val_samples_per_source: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        """
+        Args:
+            recipe: data recipe YAML (data_recipes/*.yaml).
+            verifier: `taps-tiny`, a local HF model directory, or a hub id; must match the drafter's.
+            cache_dir: feature cache root (default $TAPS_HOME/features).
+            feature_dtype: cache storage dtype, bfloat16 or fp8_e4m3.
+            online: compute features in the training step instead of caching them.
+            batch_size: maximum conversations per batch.
+            max_tokens_per_batch: also cap padded tokens per batch (None: no cap).
+            val_samples_per_source: validate on at most this many held-out samples per source (None: all).
+            num_workers: DataLoader worker processes.
+            seed: shuffling seed (per epoch: seed + epoch).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.recipe_path = recipe
+        self.recipe = load_recipe(recipe)
+        self.verifier = verifier
+        self.settings = CacheSettings(dtype=feature_dtype)
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.online = online
+        self.batch_size = batch_size
+        self.max_tokens = max_tokens_per_batch
+        self.val_limit = val_samples_per_source
+        self.num_workers = num_workers
+        self.seed = seed
+        self.train_set: ConcatDataset | None = None
+        self.val_set: ConcatDataset | None = None
+        self._train_sampler: BucketBatchSampler | None = None
+
+    def _preparer(self) -> RecipePreparer:
+        return RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings)
+
+    def prepare_data(self) -> None:
+        """Build missing feature caches (once per node, before `setup`); a no-op when cached."""
+        if not self.online:
+            preparer = self._preparer()
+            preparer.build(preparer.sources())
+
+    def setup(self, stage: str | None = None) -> None:
+        sources = self._preparer().sources()
+        train, val = [], []
+        for source in sources:
+            heldout = list(source.heldout_positions)[: self.val_limit]
+            train.append(self._view(source, list(source.train_positions)))
+            val.append(self._view(source, heldout))
+        self.train_set = ConcatDataset([d for d in train if len(d)])
+        self.val_set = ConcatDataset([d for d in val if len(d)]) if any(len(d) for d in val) else None
+
+    def _view(self, source: PreparedSource, positions: list[int]) -> Dataset:
+        if self.online:
+            return TokenSamples([source.samples[p] for p in positions])
+        return CachedSamples(source.open_cache(), positions)
+
+    def train_dataloader(self) -> DataLoader:
+        self._train_sampler = BucketBatchSampler(_lengths(self.train_set), self.batch_size, self.max_tokens, shuffle=True, seed=self.seed)
+        trainer = self.trainer
+        if trainer is not None and trainer.fit_loop.restarting:
+            self._train_sampler.skip_next(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+        return self._loader(self.train_set, self._train_sampler)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_set is None:
+            return []
+        return self._loader(self.val_set, BucketBatchSampler(_lengths(self.val_set), self.batch_size, self.max_tokens, shuffle=False))
+
+    def _loader(self, dataset: Dataset, sampler: BucketBatchSampler) -> DataLoader:
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+
+def _lengths(dataset: ConcatDataset) -> list[int]:
+    return [length for part in dataset.datasets for length in part.lengths()]
