@@ -57,7 +57,12 @@ def run_lightning(args: list[str] | None, command: str) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
-    LightningCLI(
+    class TapsCLI(LightningCLI):
+        def add_arguments_to_parser(self, parser) -> None:
+            # One verifier per run: the datamodule caches the features of the verifier the drafter serves.
+            parser.link_arguments("model.init_args.verifier", "data.init_args.verifier")
+
+    TapsCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,

@@ -11,13 +11,10 @@ from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
 
 
-@pytest.fixture(scope="session")
-def random_verifier_dir(tmp_path_factory) -> Path:
-    """A saved HF model directory: BPE tokenizer (~400 tokens) + 2-layer hidden-32 random Llama."""
-    path = tmp_path_factory.mktemp("random_verifier")
+def _random_verifier(path: Path, seed: int) -> Path:
     texts = [m["content"] for c in gsm_symbolic_conversations(60, seed=7) for m in c.messages]
     tokenizer = train_chat_tokenizer(texts, vocab_size=400)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -34,6 +31,18 @@ def random_verifier_dir(tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def random_verifier_dir(tmp_path_factory) -> Path:
+    """A saved HF model directory: BPE tokenizer (~400 tokens) + 2-layer hidden-32 random Llama."""
+    return _random_verifier(tmp_path_factory.mktemp("random_verifier"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_verifier_dir(tmp_path_factory) -> Path:
+    """Same shapes and tokenizer as `random_verifier_dir`, different weights."""
+    return _random_verifier(tmp_path_factory.mktemp("other_verifier"), seed=1)
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,8 @@ class BucketBatchSampler:
         yield from batches
 
     def __len__(self) -> int:
-        return len(self._rank_batches()) - self._skip
+        """Batches per epoch on this rank, skipped ones included (the trainer counts those as done)."""
+        return len(self._rank_batches())
 
 
 def pad_collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

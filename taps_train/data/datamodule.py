@@ -124,7 +124,8 @@ class DrafterDataModule(LightningDataModule):
         self._train_sampler = BucketBatchSampler(_lengths(self.train_set), self.batch_size, self.max_tokens, shuffle=True, seed=self.seed)
         trainer = self.trainer
         if trainer is not None and trainer.fit_loop.restarting:
-            self._train_sampler.skip_next(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+            # Resuming mid-epoch: skip what the checkpointed run already trained on (exact data order).
+            self._train_sampler.skip_next(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         return self._loader(self.train_set, self._train_sampler)
 
     def val_dataloader(self) -> DataLoader | list:

@@ -146,7 +146,9 @@ def _write_shard(model, samples, directory: Path, span: tuple[int, int], setting
     }
     name = f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
     tmp = directory / f".{name}.{os.getpid()}.tmp"
-    save_file(tensors, tmp, metadata={"start": str(span[0]), "end": str(span[1])})
+    # One metadata key: safetensors writes a multi-key metadata map in random order, and a resumed build
+    # must be byte-identical to an uninterrupted one.
+    save_file(tensors, tmp, metadata={"positions": f"{span[0]}:{span[1]}"})
     record = {"file": name, "start": span[0], "end": span[1], "tokens": int(lengths.sum()), "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
     os.replace(tmp, directory / name)
     return record

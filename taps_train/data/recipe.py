@@ -16,7 +16,7 @@ import yaml
 
 from taps_train.data.conversation import Conversation
 from taps_train.data.records import ReadReport
-from taps_train.data.sources import SOURCES, describe, make_source
+from taps_train.data.sources import SOURCES, Jsonl, describe, make_source
 from taps_train.errors import TapsError
 
 
@@ -96,11 +96,27 @@ def _selection(path: Path, index: int, entry: object) -> SourceSelection:
             raise TapsError(f"{where}: '{name}' must be a non-negative integer, got {value!r}")
     if entry.get("count", 0) == 0 and entry.get("heldout", 0) == 0:
         raise TapsError(f"{where}: set 'count' (training samples) and/or 'heldout' (evaluation samples)")
-    regenerate = entry.get("regenerate")
-    if regenerate is not None:
-        regenerate = Regenerate(**({} if regenerate is True else regenerate))
-    make_source(entry["source"], entry.get("args") or {})  # argument errors surface here, before any work
-    return SourceSelection(entry["source"], entry.get("args") or {}, entry.get("count", 0), entry.get("heldout", 0), regenerate)
+    try:  # argument errors and missing local files surface here, before any work
+        source = make_source(entry["source"], entry.get("args") or {})
+    except TapsError as err:
+        raise TapsError(f"{where}: {err}") from err
+    if isinstance(source, Jsonl) and not Path(source.path).expanduser().is_file():
+        raise TapsError(f"{where}: args.path {source.path} does not exist or is not a file")
+    return SourceSelection(entry["source"], entry.get("args") or {}, entry.get("count", 0), entry.get("heldout", 0), _regenerate(where, entry.get("regenerate")))
+
+
+def _regenerate(where: str, value: object) -> Regenerate | None:
+    """`regenerate: true` or a mapping of `Regenerate` fields; a typo must not pass as a traceback."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Regenerate()
+    if not isinstance(value, dict):
+        raise TapsError(f"{where}: 'regenerate' must be true or a mapping of temperature, max_new_tokens, seed; got {value!r}")
+    try:
+        return Regenerate(**value)
+    except TypeError as err:
+        raise TapsError(f"{where}: bad 'regenerate' options ({err}); allowed: temperature, max_new_tokens, seed") from err
 
 
 def select(selection: SourceSelection, seed: int) -> SelectedSource:

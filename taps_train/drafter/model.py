@@ -1,0 +1,142 @@
+"""The drafter network.
+
+    x_{t+1}, f_t  ->  fc(concat(embed(x_{t+1}), f_t))  ->  one decoder layer  ->  f̂_{t+1}
+    logits(x_{t+2}) = lm_head(f̂_{t+1})
+
+`embed_tokens` and `lm_head` are copies of the verifier's and stay frozen. The features `f` are the
+verifier's post-norm last hidden states, so the LM head applies directly (no final norm). The layer
+has no input norm before attention (EAGLE's choice: the fc output already mixes normed features).
+
+Attention is `scaled_dot_product_attention` with an explicit boolean mask and an optional list of
+extra key/value blocks, which is all that training (causal, HASS alignment) and tree drafting
+(KV cache + tree mask) need.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+
+@dataclass
+class KVCache:
+    """Keys/values of positions already processed: [B, kv_heads, S, head_dim] each."""
+
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=2)
+        self.values = values if self.values is None else torch.cat([self.values, values], dim=2)
+
+    def keep(self, positions: torch.Tensor) -> None:
+        """Keep only the cached entries at `positions` (e.g. the accepted path), in that order."""
+        self.keys = self.keys.index_select(2, positions)
+        self.values = self.values.index_select(2, positions)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
+
+    def project(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries [B, H, T, d] and keys/values [B, KVH, T, d] with RoPE applied."""
+        batch, length, _ = hidden.shape
+        q = self.q_proj(hidden).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`mask` is boolean, True = may attend, broadcastable to [B, H, T, S]."""
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        batch, _, length, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
+
+
+class DrafterLayer(nn.Module):
+    """A Llama decoder layer without the input norm."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.self_attn = DrafterAttention(config)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + attended
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Drafter(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=getattr(config, "fc_bias", False))
+        self.layers = nn.ModuleList([DrafterLayer(config)])
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def frozen_parameter_names(self) -> list[str]:
+        return ["embed_tokens.weight", "lm_head.weight"]
+
+    def load_verifier_parts(self, verifier: nn.Module) -> None:
+        """Copy the verifier's input embedding and LM head in, and freeze them."""
+        self.embed_tokens.weight.data.copy_(verifier.get_input_embeddings().weight.data)
+        self.lm_head.weight.data.copy_(verifier.get_output_embeddings().weight.data)
+        self.embed_tokens.requires_grad_(False)
+        self.lm_head.requires_grad_(False)
+
+    def layer_input(self, next_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc(concat(embed(x_{t+1}), f_t)): [B, T, H]."""
+        embeds = self.embed_tokens(next_ids).to(features.dtype)
+        return self.fc(torch.cat([embeds, features], dim=-1))
+
+    def rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary_emb(hidden, position_ids)
+
+    def forward(
+        self,
+        next_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Predicted next features [B, T, H].
+
+        `mask` ([T, len(cache) + T] or broadcastable, boolean) says which cached and new positions each
+        new position attends to; new keys/values are appended to `cache` when one is given.
+        """
+        layer = self.layers[0]
+        hidden = self.layer_input(next_ids, features)
+        q, k, v = layer.self_attn.project(hidden, self.rope(hidden, position_ids))
+        if cache is not None:
+            cache.append(k, v)
+            k, v = cache.keys, cache.values
+        return layer.finish(hidden, layer.self_attn.attend(q, k, v, mask))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(features)

@@ -1,0 +1,234 @@
+"""`Eagle2Module` and `HassModule`: train a drafter against a frozen verifier.
+
+Per position t the drafter reads (x_{t+1}, f_t) and predicts f̂_{t+1}; the LM head turns that into a
+guess for x_{t+2}, so a position counts in the loss when x_{t+2} is an assistant token.
+
+EAGLE-2: v_w * SmoothL1(f̂, f) + p_w * soft CE against the verifier's distribution head(f), with
+uniform noise on the input features. HASS adds top-K distillation and *harmonized context alignment*:
+`align_steps` forward passes per batch where step n feeds the drafter its own (detached) predictions
+from step n-1 and attends to them for the most recent n-1 positions, as it will at inference.
+
+Checkpoints hold only the trainable drafter weights, the drafter config and the verifier fingerprint.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+
+from taps_train.drafter import Drafter, drafter_config
+from taps_train.errors import TapsError
+from taps_train.training.losses import (
+    alignment_mask,
+    feature_loss,
+    soft_cross_entropy,
+    topk_distillation,
+)
+from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.loading import load_verifier
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+class Eagle2Module(LightningModule):
+    def __init__(
+        self,
+        verifier: str = "taps-tiny",
+        fc_bias: bool = False,
+        feature_weight: float = 1.0,
+        prob_weight: float = 0.1,
+        topk_weight: float = 0.0,
+        topk: int = 10,
+        align_steps: int = 1,
+        feature_noise: float = 0.2,
+        lr: float = 3e-5,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        accuracy_topk: int = 5,
+        init_from: str | None = None,
+        seed: int = 0,
+    ):
+        """
+        Args:
+            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; embed + head are reused).
+            fc_bias: bias in the fc layer (HASS: true; EAGLE's Llama-3 drafter: false).
+            feature_weight: weight of the SmoothL1 feature loss.
+            prob_weight: weight of the soft cross-entropy against the verifier's distribution.
+            topk_weight: weight of HASS top-K distillation (0 disables it).
+            topk: K of the top-K distillation.
+            align_steps: HASS harmonized context alignment steps (1 = plain EAGLE training).
+            feature_noise: width of the uniform noise added to input features in training.
+            lr: peak learning rate (AdamW).
+            betas: AdamW betas.
+            weight_decay: AdamW weight decay.
+            warmup_steps: linear warmup steps.
+            schedule: after warmup: cosine, linear (both decay to min_lr_ratio * lr) or constant.
+            min_lr_ratio: final learning rate as a fraction of `lr`.
+            accuracy_topk: k of the logged top-k accuracy.
+            init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
+            seed: seed of the feature noise (per step, so resumed runs draw the same noise).
+        """
+        super().__init__()
+        if schedule not in SCHEDULES:
+            raise TapsError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
+        if align_steps < 1:
+            raise TapsError(f"align_steps must be >= 1, got {align_steps}")
+        self.save_hyperparameters()
+        loaded = load_verifier(verifier)
+        self.verifier_fingerprint = verifier_fingerprint(loaded.path, loaded.tokenizer)
+        self.drafter = Drafter(drafter_config(loaded.model.config, fc_bias))
+        self.drafter.load_verifier_parts(loaded.model)
+        self._online_verifier = None  # loaded on the first batch without cached features
+        if init_from:
+            self._warm_start(init_from)
+
+    # --- features -------------------------------------------------------------------------
+
+    def batch_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Cached features, or (online mode) the frozen verifier's post-norm last hidden states."""
+        if "features" in batch:
+            return batch["features"]
+        if self._online_verifier is None:
+            self._online_verifier = load_verifier(self.hparams.verifier).model.to(self.device)
+        with torch.no_grad():
+            return self._online_verifier.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.float()
+
+    def _noise(self, features: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator(device="cpu").manual_seed(self.hparams.seed * 1_000_003 + self.global_step)
+        noise = torch.rand(features.shape, generator=generator).to(features.device, features.dtype)
+        return features + (noise - 0.5) * self.hparams.feature_noise
+
+    # --- the forward passes -------------------------------------------------------------------
+
+    def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        features = self.batch_features(batch).float()
+        ids, loss_mask = batch["input_ids"], batch["loss_mask"]
+        length = ids.shape[1] - 1
+        next_ids, inputs, targets = ids[:, 1:], features[:, :-1], features[:, 1:]
+        counts = torch.zeros_like(loss_mask[:, 1:])
+        counts[:, :-1] = loss_mask[:, 2:]  # the position predicting x_{t+2} counts if x_{t+2} is an assistant token
+        if not counts.any():  # every sample truncated before its reply: nothing to learn, keep the step
+            zero = self.drafter.fc.weight.sum() * 0.0
+            return zero, {"loss": zero}
+        if train and self.hparams.feature_noise > 0:
+            inputs = self._noise(inputs)
+        with torch.no_grad():
+            target_p = F.softmax(self.drafter.logits(targets[counts]).float(), dim=-1)
+        positions = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
+        layer = self.drafter.layers[0]
+        keys, values, step_inputs = [], [], inputs
+        total, logs = 0.0, {}
+        for step in range(1, self.hparams.align_steps + 1):
+            hidden = self.drafter.layer_input(next_ids, step_inputs)
+            q, k, v = layer.self_attn.project(hidden, self.drafter.rope(hidden, positions))
+            keys.append(k)
+            values.append(v)
+            mask = alignment_mask(length, step, ids.device)
+            predicted = layer.finish(hidden, layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
+            loss, step_logs = self._loss(predicted[counts], targets[counts], target_p)
+            total = total + loss / self.hparams.align_steps
+            logs.update({f"{name}_step{step}": value for name, value in step_logs.items()})
+            # Step n+1 reads, at position s, the prediction of f_s made at position s-1 in step n.
+            step_inputs = torch.cat([inputs[:, :1], predicted[:, :-1].detach()], dim=1)
+        logs["loss"] = total
+        return total, logs
+
+    def _loss(self, predicted: torch.Tensor, target: torch.Tensor, target_p: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        h = self.hparams
+        log_q = F.log_softmax(self.drafter.logits(predicted).float(), dim=-1)
+        terms = {"feature_loss": feature_loss(predicted, target).mean(), "prob_loss": soft_cross_entropy(log_q, target_p).mean()}
+        loss = h.feature_weight * terms["feature_loss"] + h.prob_weight * terms["prob_loss"]
+        if h.topk_weight > 0:
+            terms["topk_loss"] = topk_distillation(log_q, target_p, h.topk).mean()
+            loss = loss + h.topk_weight * terms["topk_loss"]
+        with torch.no_grad():
+            verifier_top1 = target_p.argmax(-1, keepdim=True)
+            terms["acc_top1"] = (log_q.argmax(-1, keepdim=True) == verifier_top1).float().mean()
+            terms[f"acc_top{h.accuracy_topk}"] = (log_q.topk(h.accuracy_topk, -1).indices == verifier_top1).any(-1).float().mean()
+        return loss, terms
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, logs = self.step_losses(batch, train=True)
+        if not torch.isfinite(loss):
+            raise TapsError(
+                f"non-finite training loss ({loss.item()}) at global step {self.global_step}, batch {batch_idx} of epoch "
+                f"{self.current_epoch}; stopping. Earlier checkpoints are kept; lower lr or check the data/cache"
+            )
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, batch_size=batch["input_ids"].shape[0])
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0], logger=False)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        _, logs = self.step_losses(batch, train=False)
+        self.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=batch["input_ids"].shape[0], sync_dist=True)
+        self.log("val_loss", logs["loss"], prog_bar=True, batch_size=batch["input_ids"].shape[0], sync_dist=True, logger=False)
+
+    # --- optimization ----------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        h = self.hparams
+        trainable = [p for p in self.drafter.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        for name in self.drafter.frozen_parameter_names():
+            checkpoint["state_dict"].pop(f"drafter.{name}", None)
+        checkpoint["taps"] = {"drafter_config": self.drafter.config.to_dict(), "verifier": self.verifier_fingerprint}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._check_compatible(checkpoint, "checkpoint")
+        for name in self.drafter.frozen_parameter_names():
+            checkpoint["state_dict"][f"drafter.{name}"] = self.drafter.state_dict()[name]
+
+    def _check_compatible(self, checkpoint: dict, where: str) -> None:
+        taps = checkpoint.get("taps")
+        if taps is None:
+            raise TapsError(f"{where} is not a taps-train drafter checkpoint (no 'taps' section)")
+        if taps["verifier"]["weights"] != self.verifier_fingerprint["weights"] or taps["verifier"]["tokenizer"] != self.verifier_fingerprint["tokenizer"]:
+            raise TapsError(
+                f"{where} was trained against verifier {taps['verifier']['path']} (weights {taps['verifier']['weights']}), "
+                f"not {self.verifier_fingerprint['path']} (weights {self.verifier_fingerprint['weights']}); "
+                "use the verifier it was trained for"
+            )
+
+    def _warm_start(self, path: str) -> None:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError) as err:
+            raise TapsError(f"cannot read warm-start checkpoint {path}: {err}") from err
+        self._check_compatible(checkpoint, f"warm-start checkpoint {path}")
+        weights = {k.removeprefix("drafter."): v for k, v in checkpoint["state_dict"].items() if k.startswith("drafter.")}
+        missing, unexpected = self.drafter.load_state_dict(weights, strict=False)
+        if unexpected or set(missing) - set(self.drafter.frozen_parameter_names()):
+            raise TapsError(f"warm-start checkpoint {path} does not match this drafter (missing {missing}, unexpected {unexpected})")
+
+
+class HassModule(Eagle2Module):
+    """HASS: EAGLE-2 training plus top-K distillation and harmonized context alignment.
+
+    For HASS's two stages, run stage 1 with `topk_weight: 0`, then stage 2 with `topk_weight: 1.0`,
+    a lower `lr` and `init_from:` stage 1's checkpoint.
+    """
+
+    def __init__(self, align_steps: int = 3, topk_weight: float = 1.0, topk: int = 10, fc_bias: bool = True, **kwargs):
+        super().__init__(align_steps=align_steps, topk_weight=topk_weight, topk=topk, fc_bias=fc_bias, **kwargs)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup, then cosine / linear decay to `min_ratio`, or constant."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return min_ratio + (1 - min_ratio) * shape
