@@ -1,43 +1,44 @@
 """Length-bucketed batching and padding for drafter training.
 
 Conversations vary from 50 to 2,000 tokens; batching similar lengths keeps padding low. The batch
-sampler shards its batches across DDP ranks itself (Lightning leaves non-`BatchSampler` samplers alone),
-reshuffles per epoch through `set_epoch`, and can skip the batches a resumed run already consumed.
+sampler shards whole batches across DDP ranks, reshuffles per epoch through `set_epoch`, and can skip
+the batches a resumed run already consumed.
 """
 
 import random
 from collections.abc import Iterator
 
 import torch
-import torch.distributed as dist
+from torch.utils.data import BatchSampler, DistributedSampler
 
 
-class BucketBatchSampler:
-    """Yield lists of dataset indices: shuffled, bucketed by length, capped by count and tokens."""
+class BucketBatchSampler(BatchSampler):
+    """Yield lists of dataset indices: shuffled, bucketed by length, capped by count and tokens.
+
+    Epoch, rank and world size are read from `self.sampler`, a `DistributedSampler` over the indices:
+    under DDP Lightning swaps in its own (right rank, and it calls `set_epoch` on it each epoch);
+    alone we use a single-replica one. Its index order is not used: bucketing decides the order.
+    """
 
     def __init__(self, lengths: list[int], batch_size: int, max_tokens: int | None = None, shuffle: bool = True,
-                 seed: int = 0, bucket_batches: int = 64):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+                 seed: int = 0, skip_batches: int = 0, sampler: DistributedSampler | None = None, bucket_batches: int = 64):
+        """`skip_batches`: the first iteration starts after that many batches (exact mid-epoch resume)."""
+        if sampler is None:
+            sampler = DistributedSampler(range(len(lengths)), num_replicas=1, rank=0, shuffle=False)
+        super().__init__(sampler, batch_size, drop_last=False)
         self.lengths = lengths
-        self.max_batch = batch_size
         self.max_tokens = max_tokens
         self.shuffle = shuffle
         self.seed = seed
         self.bucket = batch_size * bucket_batches
-        self.epoch = 0
-        self._skip = 0
+        self._skip = skip_batches
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def skip_next(self, batches: int) -> None:
-        """Make the next iteration start after `batches` batches (exact mid-epoch resume)."""
-        self._skip = batches
+        self.sampler.set_epoch(epoch)
 
     def _all_batches(self) -> list[list[int]]:
         order = list(range(len(self.lengths)))
-        rng = random.Random(self.seed * 7919 + self.epoch)
+        rng = random.Random(self.seed * 7919 + self.sampler.epoch)
         if self.shuffle:
             rng.shuffle(order)
         batches = []
@@ -53,7 +54,7 @@ class BucketBatchSampler:
         batches, current = [], []
         for index in indices:
             too_many_tokens = self.max_tokens is not None and current and (len(current) + 1) * self.lengths[index] > self.max_tokens
-            if len(current) == self.max_batch or too_many_tokens:
+            if len(current) == self.batch_size or too_many_tokens:
                 batches.append(current)
                 current = []
             current.append(index)
@@ -63,11 +64,9 @@ class BucketBatchSampler:
 
     def _rank_batches(self) -> list[list[int]]:
         batches = self._all_batches()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            world, rank = dist.get_world_size(), dist.get_rank()
-            per_rank = len(batches) // world  # equal counts keep ranks in lockstep
-            batches = batches[rank * per_rank : (rank + 1) * per_rank]
-        return batches
+        rank, world = self.sampler.rank, self.sampler.num_replicas
+        per_rank = len(batches) // world  # equal counts keep ranks in lockstep
+        return batches[rank * per_rank : (rank + 1) * per_rank]
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._rank_batches()[self._skip :]

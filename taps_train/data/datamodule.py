@@ -94,7 +94,6 @@ class DrafterDataModule(LightningDataModule):
         self.seed = seed
         self.train_set: ConcatDataset | None = None
         self.val_set: ConcatDataset | None = None
-        self._train_sampler: BucketBatchSampler | None = None
 
     def _preparer(self) -> RecipePreparer:
         return RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings)
@@ -121,12 +120,13 @@ class DrafterDataModule(LightningDataModule):
         return CachedSamples(source.open_cache(), positions)
 
     def train_dataloader(self) -> DataLoader:
-        self._train_sampler = BucketBatchSampler(_lengths(self.train_set), self.batch_size, self.max_tokens, shuffle=True, seed=self.seed)
+        skip = 0
         trainer = self.trainer
         if trainer is not None and trainer.fit_loop.restarting:
             # Resuming mid-epoch: skip what the checkpointed run already trained on (exact data order).
-            self._train_sampler.skip_next(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-        return self._loader(self.train_set, self._train_sampler)
+            skip = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        sampler = BucketBatchSampler(_lengths(self.train_set), self.batch_size, self.max_tokens, shuffle=True, seed=self.seed, skip_batches=skip)
+        return self._loader(self.train_set, sampler)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_set is None:

@@ -170,10 +170,14 @@ class Eagle2Module(LightningModule):
     # --- optimization ----------------------------------------------------------------------------
 
     def configure_optimizers(self):
+        return self.configure_optimizers_for(int(self.trainer.estimated_stepping_batches))
+
+    def configure_optimizers_for(self, total_steps: int) -> dict:
+        """AdamW over the trainable drafter weights and the per-step warmup/decay schedule."""
         h = self.hparams
         trainable = [p for p in self.drafter.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        total = max(1, total_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -1,0 +1,88 @@
+"""Training-step benchmark on the tiny verifier, all figures measured in one run on the same batches:
+
+  1. HASS step time / EAGLE-2 step time (3 alignment steps; target <= 3.3)
+  2. taps-train's Lightning training step / a bare PyTorch loop doing the same work (target <= 1.05)
+
+    python bench/train.py [--steps 30] [--recipe data_recipes/tiny_mixed.yaml]
+"""
+
+import argparse
+import time
+
+import torch
+from lightning.pytorch import Callback, Trainer
+from torch.utils.data import DataLoader
+
+from taps_train.data.datamodule import DrafterDataModule
+from taps_train.training import Eagle2Module, HassModule
+
+
+def fixed_batches(recipe: str, count: int) -> list[dict]:
+    data = DrafterDataModule(recipe, batch_size=8, max_tokens_per_batch=4096)
+    data.prepare_data()
+    data.setup("fit")
+    return [batch for _, batch in zip(range(count), data.train_dataloader())]
+
+
+def bare_loop_seconds(module, batches: list[dict], warmup: int) -> float:
+    """Forward, backward, value clipping, AdamW and scheduler step: what the Trainer does per batch."""
+    torch.manual_seed(0)
+    config = module.configure_optimizers_for(len(batches))
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    module.train()
+    for index, batch in enumerate(batches):
+        if index == warmup:
+            start = time.perf_counter()
+        loss, _ = module.step_losses(batch, train=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(module.parameters(), 0.5)
+        optimizer.step()
+        scheduler.step()
+    return (time.perf_counter() - start) / (len(batches) - warmup)
+
+
+class StepTimer(Callback):
+    def __init__(self, warmup: int):
+        self.warmup, self.start, self.end = warmup, None, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if batch_idx == self.warmup:
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer, module):
+        self.end = time.perf_counter()
+
+
+def lightning_seconds(module, batches: list[dict], warmup: int) -> float:
+    torch.manual_seed(0)
+    timer = StepTimer(warmup)
+    trainer = Trainer(accelerator="cpu", max_steps=len(batches), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, gradient_clip_val=0.5, gradient_clip_algorithm="value", limit_val_batches=0,
+                      num_sanity_val_steps=0)
+    trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, shuffle=False))
+    return (timer.end - timer.start) / (len(batches) - warmup)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="data_recipes/tiny_mixed.yaml")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    batches = fixed_batches(args.recipe, args.steps)
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches[args.warmup :]) / (len(batches) - args.warmup)
+    timings = {}
+    for name, module_class in (("eagle2", Eagle2Module), ("hass", HassModule)):
+        for runner_name, runner in (("bare", bare_loop_seconds), ("lightning", lightning_seconds)):
+            torch.manual_seed(0)
+            module = module_class(verifier="taps-tiny", lr=1e-3, warmup_steps=5, schedule="cosine")
+            timings[name, runner_name] = runner(module, batches, args.warmup)
+            print(f"{name:7s} {runner_name:9s} {timings[name, runner_name]:.3f} s/step  {tokens / timings[name, runner_name]:,.0f} tok/s")
+    print(f"\nHASS (3 alignment steps) / EAGLE-2 step time (bare loop): {timings['hass', 'bare'] / timings['eagle2', 'bare']:.2f}  (target <= 3.3)")
+    for name in ("eagle2", "hass"):
+        print(f"{name}: Lightning step / bare PyTorch step: {timings[name, 'lightning'] / timings[name, 'bare']:.3f}  (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
