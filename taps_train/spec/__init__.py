@@ -1,0 +1,1 @@
+"""Speculative decoding in plain PyTorch: draft trees, verification, lossless acceptance, the loop."""

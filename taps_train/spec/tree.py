@@ -1,0 +1,120 @@
+"""Draft trees: the data structure, EAGLE-2 dynamic tree construction, and packing for the verifier.
+
+Node 0 is the root: the newest committed token, which the verifier has not processed yet. Every other
+node is a candidate continuation. A tree is plain tensors so that several trees can be merged,
+rerouted or compared without knowing how they were drafted.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from taps_train.errors import TapsError
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 tree shape. `depth` means what it means in EAGLE-2's code: the drafter expands the
+    frontier `depth` times after the root's own top-k, so trees reach `depth + 1` levels below the
+    root (the paper-equivalent default, depth 5, drafts 6 levels). `total_tokens` counts the root."""
+
+    total_tokens: int = 60
+    depth: int = 5
+    top_k: int = 10
+
+    def __post_init__(self):
+        if self.depth < 0 or self.top_k < 1 or self.total_tokens < 2:
+            raise TapsError(
+                f"tree parameters make no tree (total_tokens={self.total_tokens}, depth={self.depth}, top_k={self.top_k}); "
+                "need total_tokens >= 2, depth >= 0, top_k >= 1"
+            )
+
+    @property
+    def levels(self) -> int:
+        return self.depth + 1
+
+
+@dataclass
+class DraftTree:
+    """Nodes in topological order (parents before children). Per node: token, parent index (-1 for
+    the root), depth, draft probability of the token given its parent, confidence (product of draft
+    probabilities along the path) and entropy of the draft distribution the token was drawn from."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    probs: torch.Tensor
+    confidence: torch.Tensor
+    entropy: torch.Tensor
+    source: torch.Tensor = field(default=None)  # which drafter proposed each node (composition strategies)
+
+    def __post_init__(self):
+        if self.source is None:
+            self.source = torch.zeros_like(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self, node: int) -> list[int]:
+        """Children of `node`, most probable first (the order sampling verification tries them)."""
+        kids = (self.parents == node).nonzero().flatten()
+        return kids[torch.argsort(self.probs[kids], descending=True, stable=True)].tolist()
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: node i may attend to node j iff j is i or one of its ancestors."""
+        n = len(self)
+        mask = torch.eye(n, dtype=torch.bool)
+        for node in range(1, n):
+            mask[node] |= mask[int(self.parents[node])]
+        return mask
+
+    def mean_confidence(self) -> float:
+        """The routing score of TAPS: mean confidence over the non-root nodes."""
+        return float(self.confidence[1:].mean()) if len(self) > 1 else 0.0
+
+    def mean_entropy(self) -> float:
+        return float(self.entropy[1:].mean()) if len(self) > 1 else float("inf")
+
+
+def root_only(token: int) -> DraftTree:
+    one = torch.ones(1)
+    return DraftTree(torch.tensor([token]), torch.tensor([-1]), torch.zeros(1, dtype=torch.long), one, one.clone(), torch.zeros(1))
+
+
+@dataclass
+class PackedTree:
+    """What the verifier needs: ids, positions (prefix length + depth), and the tree part of the mask."""
+
+    input_ids: torch.Tensor  # [N]
+    position_ids: torch.Tensor  # [N]
+    tree_mask: torch.Tensor  # [N, N], ancestors only
+
+
+def pack(tree: DraftTree, prefix_length: int) -> PackedTree:
+    return PackedTree(tree.tokens.clone(), prefix_length + tree.depths, tree.ancestor_mask())
+
+
+def select_nodes(tree: DraftTree, keep: torch.Tensor) -> DraftTree:
+    """The subtree of nodes `keep` (sorted, ancestor-closed, containing the root), re-indexed."""
+    keep = torch.sort(keep).values
+    new_index = torch.full((len(tree),), -1, dtype=torch.long)
+    new_index[keep] = torch.arange(len(keep))
+    parents = tree.parents[keep]
+    parents = torch.where(parents >= 0, new_index[parents.clamp_min(0)], parents)
+    if (parents[1:] < 0).any():
+        raise ValueError("select_nodes needs an ancestor-closed set of nodes")
+    return DraftTree(tree.tokens[keep], parents, tree.depths[keep], tree.probs[keep], tree.confidence[keep], tree.entropy[keep], tree.source[keep])
+
+
+def best_nodes(tree: DraftTree, budget: int) -> DraftTree:
+    """Keep the root and the `budget` most confident nodes (EAGLE-2's rerank).
+
+    A child's confidence is its parent's times a probability <= 1, so it never exceeds the parent's
+    (also in floating point); ranking ties by depth puts parents first, so the kept set is always
+    ancestor-closed.
+    """
+    if len(tree) - 1 <= budget:
+        return tree
+    by_depth = torch.argsort(tree.depths[1:], stable=True) + 1
+    ranked = by_depth[torch.argsort(tree.confidence[by_depth], descending=True, stable=True)]
+    return select_nodes(tree, torch.cat([torch.tensor([0]), ranked[:budget]]))
