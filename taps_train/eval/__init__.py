@@ -1,0 +1,1 @@
+"""Evaluation: benchmarks, acceptance-length metrics and callback, reports."""
