@@ -17,6 +17,7 @@ LIGHTNING_COMMANDS = {
 }
 TOOL_COMMANDS = {
     "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
+    "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
 }
 USAGE = "\n".join(
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
             run_verifier_command(args[1:])
         elif command == "cache":
             run_cache_command(args[1:])
+        elif command == "eval":
+            from taps_train.eval.command import run_eval
+
+            run_eval(args[1:])
         else:
             print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             sys.exit(2)

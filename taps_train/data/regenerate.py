@@ -28,7 +28,7 @@ def regenerate(
     max_length: int,
     cache_file: Path,
 ) -> list[Conversation]:
-    done = _read_done(cache_file)
+    done = _read_done(cache_file, len(conversations))
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc="regenerating replies", unit="conv") as bar:
         for start in range(len(done), len(conversations), CHUNK):
@@ -42,13 +42,18 @@ def regenerate(
     return done[: len(conversations)]
 
 
-def _read_done(cache_file: Path) -> list[Conversation]:
-    """Complete lines of a previous run; a line cut by a crash is dropped and the file trimmed."""
+def _read_done(cache_file: Path, total: int) -> list[Conversation]:
+    """Complete lines of a previous run; a line cut by a crash is dropped and the file trimmed.
+
+    An unfinished run resumes on a chunk boundary (seeds are per chunk); a finished one is kept whole,
+    or its last, shorter chunk would be regenerated on every call.
+    """
     if not cache_file.exists():
         return []
     lines = cache_file.read_text().split("\n")
     complete = [json.loads(line) for line in lines[:-1]]
-    complete = complete[: len(complete) // CHUNK * CHUNK]  # resume on a chunk boundary: seeds are per chunk
+    if len(complete) < total:
+        complete = complete[: len(complete) // CHUNK * CHUNK]
     cache_file.write_text("".join(json.dumps(c) + "\n" for c in complete))
     return [Conversation(c["id"], c["messages"]) for c in complete]
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 
 from taps_train.drafter import Drafter, drafter_config
+from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
 from taps_train.errors import TapsError
 from taps_train.training.losses import (
     alignment_mask,
@@ -194,26 +195,14 @@ class Eagle2Module(LightningModule):
             checkpoint["state_dict"][f"drafter.{name}"] = self.drafter.state_dict()[name]
 
     def _check_compatible(self, checkpoint: dict, where: str) -> None:
-        taps = checkpoint.get("taps")
-        if taps is None:
+        if "taps" not in checkpoint:
             raise TapsError(f"{where} is not a taps-train drafter checkpoint (no 'taps' section)")
-        if taps["verifier"]["weights"] != self.verifier_fingerprint["weights"] or taps["verifier"]["tokenizer"] != self.verifier_fingerprint["tokenizer"]:
-            raise TapsError(
-                f"{where} was trained against verifier {taps['verifier']['path']} (weights {taps['verifier']['weights']}), "
-                f"not {self.verifier_fingerprint['path']} (weights {self.verifier_fingerprint['weights']}); "
-                "use the verifier it was trained for"
-            )
+        check_verifier(checkpoint, self.verifier_fingerprint, where)
 
     def _warm_start(self, path: str) -> None:
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError) as err:
-            raise TapsError(f"cannot read warm-start checkpoint {path}: {err}") from err
-        self._check_compatible(checkpoint, f"warm-start checkpoint {path}")
-        weights = {k.removeprefix("drafter."): v for k, v in checkpoint["state_dict"].items() if k.startswith("drafter.")}
-        missing, unexpected = self.drafter.load_state_dict(weights, strict=False)
-        if unexpected or set(missing) - set(self.drafter.frozen_parameter_names()):
-            raise TapsError(f"warm-start checkpoint {path} does not match this drafter (missing {missing}, unexpected {unexpected})")
+        checkpoint = read_checkpoint(path)
+        check_verifier(checkpoint, self.verifier_fingerprint, f"warm-start checkpoint {path}")
+        load_drafter_weights(self.drafter, checkpoint, f"warm-start checkpoint {path}")
 
 
 class HassModule(Eagle2Module):

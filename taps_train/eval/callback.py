@@ -1,0 +1,93 @@
+"""`AcceptanceLengthCallback`: tree acceptance length τ measured during validation.
+
+It decodes a few prompts per benchmark with the drafter being trained and the very decoder that
+`taps-train eval` uses, and logs `val/tau/<benchmark>` and `val/tau`, so `ModelCheckpoint` can keep
+the best drafter by what matters (τ) instead of by loss. Under DDP each rank decodes its share of
+the prompts and the sums are reduced with torchmetrics before τ is formed. Its cost is bounded by
+prompts x max_new_tokens and logged as `val/tau_seconds`.
+"""
+
+import time
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torchmetrics import SumMetric
+
+from taps_train.eval.benchmarks import load_benchmark
+from taps_train.eval.evaluate import run_benchmark
+from taps_train.spec.decoder import SpeculativeDecoder
+from taps_train.spec.tree import TreeConfig
+from taps_train.verifier.loading import load_verifier
+
+
+class AcceptanceLengthCallback(Callback):
+    def __init__(
+        self,
+        benchmarks: list[str] = ["math_heldout", "chat_heldout"],  # noqa: B006 (jsonargparse needs a literal default)
+        prompts_per_benchmark: int = 4,
+        max_new_tokens: int = 48,
+        temperature: float = 0.0,
+        total_tokens: int = 60,
+        depth: int = 5,
+        top_k: int = 10,
+        every_n_validations: int = 1,
+    ):
+        """
+        Args:
+            benchmarks: benchmark names (see taps_train.eval.benchmarks) or name:path.
+            prompts_per_benchmark: first N prompts of each benchmark, split across ranks.
+            max_new_tokens: tokens generated per prompt turn.
+            temperature: 0 for greedy verification, > 0 for sampling.
+            total_tokens: tree size including the root.
+            depth: EAGLE-2 depth (trees reach depth + 1 levels).
+            top_k: children per expanded node.
+            every_n_validations: measure on every n-th validation run (monitoring needs 1).
+        """
+        self.benchmarks = benchmarks
+        self.prompts = prompts_per_benchmark
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.tree = TreeConfig(total_tokens, depth, top_k)
+        self.every = every_n_validations
+        self._runs = 0
+        self._verifier = None
+        self._tokenizer = None
+        self._prompt_sets = None
+
+    def _load(self, module: LightningModule) -> None:
+        if self._verifier is None:
+            loaded = load_verifier(module.hparams.verifier)
+            self._verifier = loaded.model.to(module.device)
+            self._tokenizer = loaded.tokenizer
+            self._prompt_sets = {spec.split(":")[0]: load_benchmark(spec, self.prompts)[0] for spec in self.benchmarks}
+
+    def on_validation_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        self._runs += 1
+        if (self._runs - 1) % self.every:
+            return
+        began = time.perf_counter()
+        self._load(module)
+        was_training = module.drafter.training
+        module.drafter.eval()
+        decoder = SpeculativeDecoder(self._verifier, [module.drafter], self.tree, temperature=self.temperature)
+        totals = {}
+        for name, prompts in self._prompt_sets.items():
+            share = prompts[trainer.global_rank :: trainer.world_size]
+            tally = run_benchmark(decoder, self._tokenizer, share, self.max_new_tokens, seed=trainer.global_step, progress=False)
+            totals[name] = (_reduced_sum(tally.new_tokens, module), _reduced_sum(tally.verify_calls, module))
+        module.drafter.train(was_training)
+        for name, (new, calls) in totals.items():
+            module.log(f"val/tau/{name}", new / calls.clamp_min(1), sync_dist=False)
+        all_new = sum(new for new, _ in totals.values())
+        all_calls = sum(calls for _, calls in totals.values())
+        module.log("val/tau", all_new / all_calls.clamp_min(1), prog_bar=True, sync_dist=False)
+        module.log("val/tau_seconds", torch.tensor(time.perf_counter() - began), sync_dist=False)
+
+
+def _reduced_sum(value: int, module: LightningModule) -> torch.Tensor:
+    """Sum over ranks (torchmetrics syncs on compute when distributed)."""
+    metric = SumMetric().to(module.device)
+    metric.update(torch.tensor(float(value), device=module.device))
+    return metric.compute()

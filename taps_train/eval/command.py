@@ -1,0 +1,91 @@
+"""`taps-train eval`: speculative decoding of drafters against their verifier on named benchmarks,
+one JSON report per temperature (design.md, "Eval report"), and a τ table on stdout."""
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from taps_train.drafter.checkpoint import load_drafter
+from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
+from taps_train.eval.evaluate import run_benchmark
+from taps_train.spec.decoder import SpeculativeDecoder
+from taps_train.spec.strategies import STRATEGIES
+from taps_train.spec.tree import TreeConfig
+from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.loading import load_verifier
+
+OFFLINE_BENCHMARKS = ["math_heldout", "arith_offline", "chat_heldout"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="taps-train eval", description="Measure acceptance length (τ) of drafters on benchmarks; write JSON reports.")
+    p.add_argument("--drafters", nargs="+", required=True, help="drafter checkpoints written by `taps-train fit`")
+    p.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local HF model directory, or a hub id")
+    p.add_argument("--strategy", default="single", choices=sorted(STRATEGIES), help="how several drafters' trees are combined")
+    p.add_argument("--benchmarks", nargs="+", default=OFFLINE_BENCHMARKS, help=f"names ({', '.join(BENCHMARKS)}) or name:path/to/local/file")
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], help="one report per temperature")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=20, help="prompts per benchmark (the first N, fixed order)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
+    p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
+    return p
+
+
+def run_eval(args: list[str]) -> None:
+    options = parser().parse_args(args)
+    tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
+    verifier = load_verifier(options.verifier)
+    fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
+    drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
+    benchmarks = {}
+    for spec in options.benchmarks:
+        prompts, report = load_benchmark(spec, options.prompts)
+        benchmarks[spec.split(":")[0]] = prompts
+        if report.problems:
+            Console(stderr=True).print(f"[yellow]{spec}: {report.summary()}[/]")
+    reports = {}
+    for temperature in options.temperatures:
+        decoder = SpeculativeDecoder(verifier.model, drafters, tree, STRATEGIES[options.strategy], temperature, options.top_p)
+        results = {
+            name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}").report(
+                options.drafters if options.strategy != "single" else None)
+            for name, prompts in benchmarks.items()
+        }
+        reports[temperature] = {
+            "verifier": options.verifier,
+            "drafters": options.drafters,
+            "strategy": options.strategy,
+            "temperature": temperature,
+            "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
+            "benchmarks": results,
+            "average_acceptance_length": sum(r["acceptance_length"] for r in results.values()) / len(results),
+        }
+        path = _report_path(Path(options.output), temperature, len(options.temperatures))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(reports[temperature], indent=2))
+        print(f"wrote {path}")
+    print_table(reports)
+
+
+def _report_path(path: Path, temperature: float, count: int) -> Path:
+    return path if count == 1 else path.with_name(f"{path.stem}_T{temperature:g}{path.suffix}")
+
+
+def print_table(reports: dict[float, dict]) -> None:
+    table = Table(title="acceptance length τ (mean verifier tokens per call)")
+    table.add_column("benchmark")
+    for temperature in reports:
+        table.add_column(f"T={temperature:g}", justify="right")
+    names = next(iter(reports.values()))["benchmarks"]
+    for name in names:
+        cells = [f"{r['benchmarks'][name]['acceptance_length']:.2f} ({r['benchmarks'][name]['mean_tree_tokens']:.0f})" for r in reports.values()]
+        table.add_row(name, *cells)
+    table.add_row("average", *[f"{r['average_acceptance_length']:.2f}" for r in reports.values()])
+    Console().print(table)

@@ -1,0 +1,105 @@
+"""Run speculative decoding over benchmark prompts and pool the statistics into the eval report.
+
+The same function serves `taps-train eval` and the validation callback, so τ during training is the
+τ of the final evaluation, on fewer prompts.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from taps_train.errors import TapsError
+from taps_train.eval.benchmarks import Prompt
+from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
+
+
+@dataclass
+class BenchmarkTally:
+    """Round statistics pooled over a benchmark's prompts (τ = Σ new tokens / Σ verifier calls)."""
+
+    new_tokens: int = 0
+    verify_calls: int = 0
+    tree_tokens: int = 0
+    prompts: int = 0
+    skipped_too_long: int = 0
+    accepted_by_depth: list[int] = field(default_factory=list)
+    reached_by_depth: list[int] = field(default_factory=list)
+    routing: dict[int, int] = field(default_factory=dict)
+    entropy: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
+    confidence: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
+    wall_time_s: float = 0.0
+
+    def add(self, generation: Generation) -> None:
+        for stats in generation.rounds:
+            self._add_round(stats)
+
+    def _add_round(self, stats: RoundStats) -> None:
+        self.new_tokens += stats.new_tokens
+        self.verify_calls += 1
+        self.tree_tokens += stats.tree_tokens
+        self.routing[stats.chosen] = self.routing.get(stats.chosen, 0) + 1
+        for depth, reached in enumerate(stats.depth_reached):
+            while len(self.reached_by_depth) <= depth:
+                self.reached_by_depth.append(0)
+                self.accepted_by_depth.append(0)
+            self.reached_by_depth[depth] += reached
+            self.accepted_by_depth[depth] += stats.accepted > depth
+        self.entropy["accepted"] += stats.accepted_entropy
+        self.entropy["rejected"] += stats.rejected_entropy
+        self.confidence["accepted"] += stats.accepted_confidence
+        self.confidence["rejected"] += stats.rejected_confidence
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.new_tokens / self.verify_calls if self.verify_calls else 0.0
+
+    def report(self, drafter_names: list[str] | None = None) -> dict:
+        result = {
+            "acceptance_length": self.acceptance_length,
+            "verify_calls": self.verify_calls,
+            "new_tokens": self.new_tokens,
+            "prompts": self.prompts,
+            "prompts_skipped_too_long": self.skipped_too_long,
+            "mean_tree_tokens": self.tree_tokens / self.verify_calls if self.verify_calls else 0.0,
+            "accept_rate_by_depth": [a / r if r else 0.0 for a, r in zip(self.accepted_by_depth, self.reached_by_depth)],
+            "draft_entropy": {k: _mean(v) for k, v in self.entropy.items()},
+            "draft_confidence": {k: _mean(v) for k, v in self.confidence.items()},
+            "wall_time_s": round(self.wall_time_s, 3),
+        }
+        if drafter_names is not None:
+            result["routing"] = {drafter_names[i] if i >= 0 else "merged": n for i, n in sorted(self.routing.items())}
+        return result
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_new_tokens: int,
+                  seed: int = 0, label: str = "", progress: bool = True) -> BenchmarkTally:
+    """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer)."""
+    tally = BenchmarkTally()
+    began = time.perf_counter()
+    for index, prompt in enumerate(tqdm(prompts, desc=f"decoding {label}", unit="prompt", disable=not progress, leave=False)):
+        messages = []
+        try:
+            for turn_index, turn in enumerate(prompt.turns):
+                messages.append({"role": "user", "content": turn})
+                generation = decoder.generate(chat_ids(tokenizer, messages), max_new_tokens, seed=seed * 100_003 + index * 10 + turn_index)
+                tally.add(generation)
+                messages.append({"role": "assistant", "content": tokenizer.decode(generation.tokens, skip_special_tokens=True)})
+        except TapsError as err:
+            if "exceeds the verifier's context" not in str(err):
+                raise
+            tally.skipped_too_long += 1
+            continue
+        tally.prompts += 1
+    tally.wall_time_s = time.perf_counter() - began
+    return tally
