@@ -18,6 +18,7 @@ LIGHTNING_COMMANDS = {
 TOOL_COMMANDS = {
     "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
     "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
+    "average": "average drafter checkpoints in weight space into a new checkpoint",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
 }
 USAGE = "\n".join(
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
             run_verifier_command(args[1:])
         elif command == "cache":
             run_cache_command(args[1:])
+        elif command == "average":
+            run_average_command(args[1:])
         elif command == "eval":
             from taps_train.eval.command import run_eval
 
@@ -92,6 +95,19 @@ def run_cache_command(args: list[str]) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print token count and estimated disk size; run no verifier")
     parser.add_argument("--verify", action="store_true", help="check every shard's checksum after building")
     cache(**vars(parser.parse_args(args)))
+
+
+def run_average_command(args: list[str]) -> None:
+    import argparse
+
+    from taps_train.drafter.average import write_average
+
+    parser = argparse.ArgumentParser(prog="taps-train average", description="θ = Σ λ_i θ_i over drafters trained against the same verifier.")
+    parser.add_argument("--drafters", nargs="+", required=True, help="two or more drafter checkpoints")
+    parser.add_argument("--weights", nargs="+", type=float, default=None, help="λ per drafter (non-negative, sum 1; default uniform)")
+    parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    options = parser.parse_args(args)
+    print(write_average(options.drafters, options.weights, options.output))
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, dry_run: bool, verify: bool) -> None:

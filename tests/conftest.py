@@ -10,6 +10,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
 
+# Unit tests use tiny models whose ops are too small to gain from threads; one thread also keeps
+# timings stable when the machine is shared.
+torch.set_num_threads(1)
+
 
 def _random_verifier(path: Path, seed: int) -> Path:
     texts = [m["content"] for c in gsm_symbolic_conversations(60, seed=7) for m in c.messages]

@@ -132,14 +132,16 @@ def build_cache(
 
 
 def _write_shard(model, samples, directory: Path, span: tuple[int, int], settings: CacheSettings, pad_id: int, bar) -> dict:
-    features: list[torch.Tensor | None] = [None] * len(samples)
+    # Encoded per sample as each batch comes out, so the fp32 batch outputs are freed at once and the
+    # shard is concatenated in its storage dtype (the encoding is per token: same bytes either way).
+    encoded: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
     for batch in length_batches([len(s.input_ids) for s in samples], settings.batch_tokens):
         for index, hidden in zip(batch, verifier_features(model, [samples[i] for i in batch], pad_id)):
-            features[index] = hidden
+            encoded[index] = _encode(hidden, settings.dtype)
         bar.update(sum(len(samples[i].input_ids) for i in batch))
     lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
     tensors = {
-        **_encode(torch.cat(features), settings.dtype),
+        **{key: torch.cat([e[key] for e in encoded]) for key in encoded[0]},
         "input_ids": torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32),
         "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
         "offsets": torch.cumsum(lengths, 0),

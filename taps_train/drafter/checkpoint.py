@@ -46,7 +46,11 @@ def load_drafter(path: str | Path, verifier: nn.Module, fingerprint: dict) -> Dr
     """A ready-to-decode drafter from a checkpoint, with the verifier's embedding and LM head."""
     checkpoint = read_checkpoint(path)
     check_verifier(checkpoint, fingerprint, f"drafter checkpoint {path}")
+    return drafter_from_checkpoint(checkpoint, verifier, f"drafter checkpoint {path}")
+
+
+def drafter_from_checkpoint(checkpoint: dict, verifier: nn.Module, where: str) -> Drafter:
     drafter = Drafter(LlamaConfig.from_dict(checkpoint["taps"]["drafter_config"]))
     drafter.load_verifier_parts(verifier)
-    load_drafter_weights(drafter, checkpoint, f"drafter checkpoint {path}")
+    load_drafter_weights(drafter, checkpoint, where)
     return drafter.eval()

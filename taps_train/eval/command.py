@@ -8,7 +8,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from taps_train.drafter.checkpoint import load_drafter
+from taps_train.drafter.average import average_checkpoints
+from taps_train.drafter.checkpoint import (
+    check_verifier,
+    drafter_from_checkpoint,
+    load_drafter,
+)
+from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.evaluate import run_benchmark
 from taps_train.spec.decoder import SpeculativeDecoder
@@ -24,7 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="taps-train eval", description="Measure acceptance length (τ) of drafters on benchmarks; write JSON reports.")
     p.add_argument("--drafters", nargs="+", required=True, help="drafter checkpoints written by `taps-train fit`")
     p.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local HF model directory, or a hub id")
-    p.add_argument("--strategy", default="single", choices=sorted(STRATEGIES), help="how several drafters' trees are combined")
+    p.add_argument("--strategy", default="single", choices=sorted([*STRATEGIES, "average"]),
+                   help="single drafter, or how several are combined (average: in weight space; others: per round)")
+    p.add_argument("--weights", nargs="+", type=float, default=None, help="averaging weights λ (strategy average; default uniform)")
     p.add_argument("--benchmarks", nargs="+", default=OFFLINE_BENCHMARKS, help=f"names ({', '.join(BENCHMARKS)}) or name:path/to/local/file")
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0], help="one report per temperature")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -40,10 +48,15 @@ def parser() -> argparse.ArgumentParser:
 
 def run_eval(args: list[str]) -> None:
     options = parser().parse_args(args)
+    if (options.strategy == "single") != (len(options.drafters) == 1):
+        raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
     verifier = load_verifier(options.verifier)
     fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
-    drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
+    if options.strategy == "average":
+        drafters = [averaged_drafter(options.drafters, options.weights, verifier.model, fingerprint)]
+    else:
+        drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
     benchmarks = {}
     for spec in options.benchmarks:
         prompts, report = load_benchmark(spec, options.prompts)
@@ -52,10 +65,11 @@ def run_eval(args: list[str]) -> None:
             Console(stderr=True).print(f"[yellow]{spec}: {report.summary()}[/]")
     reports = {}
     for temperature in options.temperatures:
-        decoder = SpeculativeDecoder(verifier.model, drafters, tree, STRATEGIES[options.strategy], temperature, options.top_p)
+        strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
+        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p)
         results = {
             name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}").report(
-                options.drafters if options.strategy != "single" else None)
+                options.drafters if options.strategy.startswith("route") else None)
             for name, prompts in benchmarks.items()
         }
         reports[temperature] = {
@@ -72,6 +86,12 @@ def run_eval(args: list[str]) -> None:
         path.write_text(json.dumps(reports[temperature], indent=2))
         print(f"wrote {path}")
     print_table(reports)
+
+
+def averaged_drafter(paths: list[str], weights: list[float] | None, verifier, fingerprint: dict):
+    checkpoint = average_checkpoints(paths, weights)
+    check_verifier(checkpoint, fingerprint, f"averaged drafter of {', '.join(paths)}")
+    return drafter_from_checkpoint(checkpoint, verifier, "averaged drafter")
 
 
 def _report_path(path: Path, temperature: float, count: int) -> Path:

@@ -13,7 +13,12 @@ from transformers import PreTrainedModel
 
 from taps_train.drafter import Drafter
 from taps_train.errors import TapsError
-from taps_train.spec.accept import Acceptance, accept_greedy, accept_sampling, verifier_distribution
+from taps_train.spec.accept import (
+    Acceptance,
+    accept_greedy,
+    accept_sampling,
+    verifier_distribution,
+)
 from taps_train.spec.draft import DrafterState
 from taps_train.spec.tree import DraftTree, TreeConfig, pack
 

@@ -44,7 +44,7 @@ class VerifierSession:
 
     def commit(self, path: list[int]) -> None:
         """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path)]).to(self.device)
+        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)]).to(self.device)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, keep)
             layer.values = layer.values.index_select(-2, keep)

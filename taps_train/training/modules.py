@@ -18,7 +18,11 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 
 from taps_train.drafter import Drafter, drafter_config
-from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
+from taps_train.drafter.checkpoint import (
+    check_verifier,
+    load_drafter_weights,
+    read_checkpoint,
+)
 from taps_train.errors import TapsError
 from taps_train.training.losses import (
     alignment_mask,
