@@ -19,6 +19,7 @@ TOOL_COMMANDS = {
     "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
     "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
     "average": "average drafter checkpoints in weight space into a new checkpoint",
+    "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
 }
 USAGE = "\n".join(
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
             run_cache_command(args[1:])
         elif command == "average":
             run_average_command(args[1:])
+        elif command == "export":
+            run_export_command(args[1:])
         elif command == "eval":
             from taps_train.eval.command import run_eval
 
@@ -108,6 +111,57 @@ def run_average_command(args: list[str]) -> None:
     parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
     options = parser.parse_args(args)
     print(write_average(options.drafters, options.weights, options.output))
+
+
+def run_export_command(args: list[str]) -> None:
+    import argparse
+
+    from taps_train.export import (
+        BUNDLE_STRATEGIES,
+        LAYOUTS,
+        export_bundle,
+        export_eagle,
+        tau_table_from_reports,
+    )
+    from taps_train.spec.tree import TreeConfig
+    from taps_train.verifier.loading import DTYPES
+
+    parser = argparse.ArgumentParser(
+        prog="taps-train export",
+        description="Write config.json + model.safetensors (EAGLE-1/2 key layout) + taps_export.json per drafter; "
+        "two or more checkpoints make a composition bundle (drafter_<i>/ + bundle.json).",
+    )
+    parser.add_argument("checkpoints", nargs="+", help="drafter checkpoints from `taps-train fit` or `average`")
+    parser.add_argument("--out", required=True, help="export directory (must be empty or absent unless --overwrite)")
+    parser.add_argument("--format", choices=sorted(LAYOUTS), default="eagle",
+                        help="eagle: SGLang (LlamaForCausalLMEagle); vllm: vLLM method eagle (LlamaForCausalLM)")
+    parser.add_argument("--verifier", default=None, help="taps-tiny, a model directory or a hub id (default: the one the checkpoint records)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the exported weights")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")
+    parser.add_argument("--no-embeddings", action="store_true", help="leave embed_tokens.weight out (engines that share the target's)")
+    parser.add_argument("--eval-report", nargs="+", default=None, help="`taps-train eval` reports whose τ to record")
+    bundle = parser.add_argument_group("bundle (two or more checkpoints)")
+    bundle.add_argument("--bundle-strategy", choices=BUNDLE_STRATEGIES, default=None, help="how to combine the drafters (default merge)")
+    bundle.add_argument("--domains", nargs="+", default=None, help="one domain name per checkpoint, in order (e.g. math chat)")
+    bundle.add_argument("--total-tokens", type=int, default=None, help=f"tree size with the root (default {TreeConfig.total_tokens})")
+    bundle.add_argument("--depth", type=int, default=None, help=f"tree depth as in EAGLE-2's code (default {TreeConfig.depth})")
+    bundle.add_argument("--top-k", type=int, default=None, help=f"children per expanded node (default {TreeConfig.top_k})")
+    options = parser.parse_args(args)
+    tree_options = {"total_tokens": options.total_tokens, "depth": options.depth, "top_k": options.top_k}
+    bundle_options = {"--bundle-strategy": options.bundle_strategy, "--domains": options.domains,
+                      **{f"--{name.replace('_', '-')}": value for name, value in tree_options.items()}}
+    common = {"verifier": options.verifier, "overwrite": options.overwrite, "include_embeddings": not options.no_embeddings,
+              "tau_table": tau_table_from_reports(options.eval_report) if options.eval_report else None,
+              "layout": options.format, "dtype": options.dtype}
+    if len(options.checkpoints) == 1:
+        given = [name for name, value in bundle_options.items() if value is not None]
+        if given:
+            raise TapsError(f"bundle options ({', '.join(given)}) need two or more checkpoints; got one")
+        print(export_eagle(options.checkpoints[0], options.out, **common))
+        return
+    tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
+    print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,
+                        domains=options.domains, **common))
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, dry_run: bool, verify: bool) -> None:

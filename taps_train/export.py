@@ -1,0 +1,407 @@
+"""Export drafters as EAGLE-1/2 draft-model directories that serving engines load.
+
+An export directory holds:
+
+- `config.json`: the one-layer drafter's Llama config (hidden size, heads, head_dim, vocabulary,
+  RMSNorm eps, `max_position_embeddings` and RoPE of the verifier), written both the transformers-5
+  way (`rope_parameters`, `dtype`) and the way engines pinned to transformers 4 read it
+  (`rope_theta`, `rope_scaling`, `torch_dtype`). `bias` says whether `fc.bias` is in the weights
+  (the EAGLE configs' key); `fc_bias` whether the drafter was trained with one.
+- `model.safetensors`: `fc.weight` [H, 2H], `fc.bias` [H], `layers.0.self_attn.{q,k,v,o}_proj.weight`,
+  `layers.0.post_attention_layernorm.weight` [H], `layers.0.mlp.{gate,up,down}_proj.weight` and
+  (unless `include_embeddings=False`) `embed_tokens.weight` [V, H] copied from the verifier. There is
+  no `layers.0.input_layernorm` (EAGLE has none before the first attention), no final norm and no
+  `lm_head`: EAGLE-1/2 drafts use the verifier's LM head.
+- `taps_export.json`: provenance (verifier fingerprint, source checkpoint, backbone, recipe,
+  averaging, τ table).
+
+Two layouts differ only where the engines do:
+
+- `eagle` (SGLang `--speculative-algorithm EAGLE --speculative-draft-model-path DIR`): architecture
+  `LlamaForCausalLMEagle`. SGLang's EAGLE draft always has an fc bias, so a drafter trained without
+  one gets an explicit zero `fc.bias` (same function, nothing left uninitialized). SGLang takes the
+  embedding and LM head from the target model; the embedding in the file is for engines and
+  reference code that read it from the draft checkpoint.
+- `vllm` (`speculative_config={"method": "eagle", "model": DIR, "num_speculative_tokens": N}`):
+  architecture `LlamaForCausalLM`, because vLLM's EAGLE config prefixes the draft's architecture
+  with `Eagle` (-> its `EagleLlamaForCausalLM`); `LlamaForCausalLMEagle` would become an unregistered
+  name. The vLLM EAGLE-1 Llama draft we read builds `fc` without a bias and skips `fc.bias`, so an
+  fc-bias (HASS-style) drafter exports with a warning. vLLM shares the embedding with the target
+  when the draft runs without pipeline parallelism.
+
+The layouts were checked offline against an independent reader written from this key layout (see
+tests/test_export.py) and against the engines' model code as published; loading in a running SGLang
+or vLLM was not possible here.
+"""
+
+import json
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig
+
+import taps_train
+from taps_train.drafter.checkpoint import check_verifier, read_checkpoint
+from taps_train.drafter.config import drafter_config
+from taps_train.drafter.model import Drafter
+from taps_train.errors import TapsError
+from taps_train.spec.strategies import STRATEGIES
+from taps_train.spec.tree import TreeConfig
+from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.loading import DTYPES, LoadedVerifier, load_verifier
+
+LAYOUTS = {"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}
+EXPORT_FORMAT_VERSION = 1
+DEFAULT_TREE = TreeConfig()  # the paper's: 60 tokens, depth 5, top-k 10
+BUNDLE_STRATEGIES = sorted(name for name in STRATEGIES if name != "single")
+MARKERS = ("taps_export.json", "bundle.json")  # what makes a directory safe to replace with --overwrite
+VERIFIER_PARTS = ("embed_tokens.weight", "lm_head.weight")  # taken from the verifier, never trained
+VERIFIER_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def export_eagle(
+    checkpoint_path: str | Path,
+    out_dir: str | Path,
+    verifier: str | None = None,
+    overwrite: bool = False,
+    include_embeddings: bool = True,
+    tau_table: list[dict] | None = None,
+    layout: str = "eagle",
+    dtype: str = "bfloat16",
+) -> Path:
+    """Write one drafter checkpoint (from `fit` or `average`) as an EAGLE draft-model directory.
+
+    `verifier` (name or path) defaults to the one recorded in the checkpoint; it is loaded when the
+    embedding is exported or when given explicitly, and must be the verifier the drafter was trained for.
+    """
+    _check_options(layout, dtype)
+    out_dir = Path(out_dir)
+    with _atomic_directory(out_dir, overwrite) as staging:
+        source = _read_source(checkpoint_path)
+        loaded = _resolve_verifier([source], verifier, include_embeddings, dtype)
+        _write_drafter(source, staging, loaded, layout, dtype, include_embeddings, tau_table)
+    return out_dir
+
+
+def export_bundle(
+    checkpoints: list[str | Path],
+    out_dir: str | Path,
+    strategy: str = "merge",
+    tree: TreeConfig = DEFAULT_TREE,
+    domains: list[str] | None = None,
+    verifier: str | None = None,
+    overwrite: bool = False,
+    include_embeddings: bool = True,
+    tau_table: list[dict] | None = None,
+    layout: str = "eagle",
+    dtype: str = "bfloat16",
+) -> Path:
+    """A composition for serving: `drafter_<i>/` export directories plus `bundle.json` saying how to
+    combine them (strategy, tree parameters) and which drafter serves which domain."""
+    _check_options(layout, dtype)
+    if len(checkpoints) < 2:
+        raise TapsError(f"a bundle combines two or more drafters, got {len(checkpoints)}; export a single drafter without bundle options")
+    if strategy not in BUNDLE_STRATEGIES:
+        raise TapsError(f"unknown bundle strategy {strategy!r}; use one of {BUNDLE_STRATEGIES}")
+    if domains is not None and (len(domains) != len(checkpoints) or len(set(domains)) != len(domains)):
+        raise TapsError(f"--domains needs one distinct name per drafter: got {domains} for {len(checkpoints)} checkpoints")
+    out_dir = Path(out_dir)
+    with _atomic_directory(out_dir, overwrite) as staging:
+        sources = [_read_source(path) for path in checkpoints]
+        loaded = _resolve_verifier(sources, verifier, include_embeddings, dtype)
+        names = [f"drafter_{i}" for i in range(len(sources))]
+        for name, source in zip(names, sources):
+            (staging / name).mkdir()
+            _write_drafter(source, staging / name, loaded, layout, dtype, include_embeddings, None)
+        manifest = {
+            **_header(layout),
+            "strategy": strategy,
+            "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
+            "drafters": [{"directory": name, "source_checkpoint": str(source.path.resolve()), "domain": domain}
+                         for name, source, domain in zip(names, sources, domains or [None] * len(names))],
+            "domains": dict(zip(domains, names)) if domains else {},
+            "verifier": sources[0].checkpoint["taps"]["verifier"],
+            "tau": tau_table,
+        }
+        _write_json(staging / "bundle.json", manifest)
+    return out_dir
+
+
+def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
+    """A taps-train drafter (float32, eval mode) from an export directory, for evaluation.
+
+    Reads taps-train exports and EAGLE-1/2 Llama drafts from elsewhere; the LM head (and the
+    embedding, when the directory has none) comes from `verifier_model`.
+    """
+    directory = Path(directory)
+    try:
+        config_dict = json.loads((directory / "config.json").read_text())
+        tensors = load_file(directory / "model.safetensors")
+    except (OSError, ValueError, SafetensorError) as err:
+        raise TapsError(f"{directory} is not a readable EAGLE export (config.json + model.safetensors): {err}") from err
+    where = f"export {directory}"
+    has_bias = "fc.bias" in tensors
+    config = LlamaConfig.from_dict(config_dict)
+    config.fc_bias = bool(config_dict.get("fc_bias", has_bias))
+    check_tensors(tensors, expected_shapes(config, bias=has_bias or config.fc_bias, embeddings="embed_tokens.weight" in tensors), where)
+    if has_bias and not config.fc_bias:
+        if tensors["fc.bias"].any():
+            raise TapsError(f"{where}: config.json says fc_bias false but fc.bias is not zero; fix config.json")
+        del tensors["fc.bias"]
+    check_fits_verifier(config, verifier_model.config, where, "the given verifier")
+    drafter = Drafter(config)
+    drafter.load_verifier_parts(verifier_model)
+    embed = tensors.pop("embed_tokens.weight", None)
+    # Loose: the file may hold the embedding in another dtype than the verifier was loaded in.
+    if embed is not None and not torch.allclose(embed.float(), drafter.embed_tokens.weight.float(), rtol=1e-2, atol=1e-3):
+        raise TapsError(f"{where}: embed_tokens.weight differs from this verifier's embedding; it was exported for another verifier")
+    drafter.load_state_dict(tensors, strict=False)
+    return drafter.eval()
+
+
+def tau_table_from_reports(paths: list[str | Path]) -> list[dict]:
+    """The acceptance lengths of `taps-train eval` reports, to record with an export."""
+    table = []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            table.append({
+                "report": str(path),
+                "strategy": report["strategy"],
+                "temperature": report["temperature"],
+                "drafters": report["drafters"],
+                "tree": report["tree"],
+                "acceptance_length": {name: row["acceptance_length"] for name, row in report["benchmarks"].items()},
+            })
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise TapsError(f"{path} is not a taps-train eval report ({type(err).__name__}: {err}); pass a JSON written by `taps-train eval`") from err
+    return table
+
+
+def expected_shapes(config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
+    """Every tensor of an EAGLE-1/2 Llama draft with the shape its config implies."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    q_width = config.num_attention_heads * config.head_dim
+    kv_width = config.num_key_value_heads * config.head_dim
+    shapes = {
+        "fc.weight": (hidden, 2 * hidden),
+        "layers.0.self_attn.q_proj.weight": (q_width, hidden),
+        "layers.0.self_attn.k_proj.weight": (kv_width, hidden),
+        "layers.0.self_attn.v_proj.weight": (kv_width, hidden),
+        "layers.0.self_attn.o_proj.weight": (hidden, q_width),
+        "layers.0.post_attention_layernorm.weight": (hidden,),
+        "layers.0.mlp.gate_proj.weight": (inner, hidden),
+        "layers.0.mlp.up_proj.weight": (inner, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, inner),
+    }
+    if bias:
+        shapes["fc.bias"] = (hidden,)
+    if embeddings:
+        shapes["embed_tokens.weight"] = (config.vocab_size, hidden)
+    return shapes
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str) -> None:
+    """Exactly the expected keys, each with its shape and finite floating-point values."""
+    missing = [key for key in expected if key not in tensors]
+    if missing:
+        raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
+                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") + "; it is not a complete one-layer EAGLE drafter")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise TapsError(f"{where} has tensors an EAGLE-1/2 drafter does not: {unexpected}")
+    for key, shape in expected.items():
+        tensor = tensors[key]
+        if tuple(tensor.shape) != shape:
+            raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
+        if not tensor.is_floating_point() or not torch.isfinite(tensor).all():
+            raise TapsError(f"{where}: {key} is not finite floating point ({tensor.dtype}); the checkpoint is corrupt or training diverged")
+
+
+@dataclass
+class _Source:
+    """A checkpoint with its drafter config and trainable weights (keys without `drafter.`)."""
+
+    path: Path
+    where: str
+    checkpoint: dict
+    config: LlamaConfig
+    weights: dict[str, torch.Tensor]
+
+
+def _read_source(path: str | Path) -> _Source:
+    """Read and validate a `fit` or `average` checkpoint; the embedding and LM head, which belong to the
+    verifier, are ignored even if a checkpoint carries them."""
+    where = f"checkpoint {path}"
+    checkpoint = read_checkpoint(path)
+    try:
+        config = LlamaConfig.from_dict(checkpoint["taps"]["drafter_config"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise TapsError(f"{where} has no readable drafter config ({err}); pass a checkpoint written by `taps-train fit` or `average`") from err
+    config.fc_bias = bool(getattr(config, "fc_bias", False))
+    weights = {key.removeprefix("drafter."): value for key, value in checkpoint.get("state_dict", {}).items()
+               if key.startswith("drafter.") and key.removeprefix("drafter.") not in VERIFIER_PARTS}
+    check_tensors(weights, expected_shapes(config, bias=config.fc_bias, embeddings=False), where)
+    return _Source(Path(path), where, checkpoint, config, weights)
+
+
+def _check_options(layout: str, dtype: str) -> None:
+    if layout not in LAYOUTS:
+        raise TapsError(f"unknown export format {layout!r}; use one of {sorted(LAYOUTS)}")
+    if dtype not in DTYPES:
+        raise TapsError(f"unknown export dtype {dtype!r}; use one of {sorted(DTYPES)}")
+
+
+def _resolve_verifier(sources: list[_Source], verifier: str | None, include_embeddings: bool, dtype: str) -> LoadedVerifier | None:
+    """Load the verifier when needed and refuse drafters that do not fit it."""
+    trained = sources[0].checkpoint["taps"]["verifier"]
+    for source in sources[1:]:
+        if source.checkpoint["taps"]["verifier"] != trained:
+            raise TapsError(f"{source.where} was trained against verifier {source.checkpoint['taps']['verifier']['path']}, "
+                            f"{sources[0].where} against {trained['path']}; a bundle serves one verifier")
+    if verifier is None and not include_embeddings:
+        return None
+    try:
+        loaded = load_verifier(verifier or trained["path"], dtype=dtype)
+    except TapsError as err:
+        if verifier:
+            raise
+        raise TapsError(f"{err} (the verifier recorded in {sources[0].where}); pass --verifier, or --no-embeddings to export without it") from err
+    fingerprint = verifier_fingerprint(loaded.path, loaded.tokenizer)
+    for source in sources:
+        check_fits_verifier(source.config, loaded.model.config, source.where, f"verifier {loaded.path}")
+        check_verifier(source.checkpoint, fingerprint, source.where)
+    return loaded
+
+
+def check_fits_verifier(config: LlamaConfig, verifier_config: PretrainedConfig, where: str, verifier: str) -> None:
+    """The sizes the verifier's features, embedding and LM head impose on the drafter."""
+    expected = drafter_config(verifier_config)
+    for field in VERIFIER_FIELDS:
+        if getattr(config, field) != getattr(expected, field):
+            raise TapsError(f"{where}: drafter {field} is {getattr(config, field)} but {verifier} has {getattr(expected, field)}; "
+                            "it was trained for another verifier")
+
+
+def _write_drafter(source: _Source, directory: Path, verifier: LoadedVerifier | None, layout: str, dtype: str,
+                   include_embeddings: bool, tau_table: list[dict] | None) -> None:
+    torch_dtype = DTYPES[dtype]
+    tensors = {key: value.detach().to(torch_dtype).contiguous() for key, value in source.weights.items()}
+    if layout == "eagle" and "fc.bias" not in tensors:
+        tensors["fc.bias"] = torch.zeros(source.config.hidden_size, dtype=torch_dtype)
+    if layout == "vllm" and source.config.fc_bias:
+        warnings.warn(f"{source.where} has an fc bias (HASS-style); vLLM's EAGLE-1 Llama draft builds fc without one and "
+                      "ignores fc.bias, so its drafts would differ from taps-train's; serve it with SGLang (--format eagle) "
+                      "or check that your vLLM version loads fc.bias", stacklevel=3)
+    if include_embeddings:
+        tensors["embed_tokens.weight"] = verifier.model.get_input_embeddings().weight.detach().to(torch_dtype).contiguous()
+    check_tensors(tensors, expected_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
+    _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    _write_json(directory / "taps_export.json", _provenance(source, layout, dtype, include_embeddings, verifier, tau_table))
+
+
+def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> dict:
+    """The drafter's Llama config as engines read it, with the legacy RoPE keys next to `rope_parameters`."""
+    result = config.to_dict()
+    rope = dict(result["rope_parameters"])
+    theta = rope.pop("rope_theta")
+    result.update(
+        architectures=[LAYOUTS[layout]],
+        model_type="llama",
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        rope_parameters={**rope, "rope_theta": theta},
+        rope_theta=theta,
+        rope_scaling=None if rope.get("rope_type", "default") == "default" else rope,
+        bias=bias,
+        fc_bias=config.fc_bias,
+        dtype=dtype,
+        torch_dtype=dtype,
+    )
+    return result
+
+
+def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bool,
+                verifier: LoadedVerifier | None, tau_table: list[dict] | None) -> dict:
+    taps = source.checkpoint["taps"]
+    datamodule = source.checkpoint.get("datamodule_hyper_parameters") or {}
+    return {
+        **_header(layout),
+        "source_checkpoint": str(source.path.resolve()),
+        "verifier": taps["verifier"],
+        "verifier_checked": verifier is not None,
+        "backbone": _backbone(source),
+        "recipe": datamodule.get("recipe"),
+        "fc_bias": source.config.fc_bias,
+        "dtype": dtype,
+        "includes_embeddings": include_embeddings,
+        "averaged_from": taps.get("averaged_from"),
+        "averaging_weights": taps.get("averaging_weights"),
+        "tau": tau_table,
+    }
+
+
+def _header(layout: str) -> dict:
+    return {"format": layout, "architecture": LAYOUTS[layout], "format_version": EXPORT_FORMAT_VERSION,
+            "taps_train_version": taps_train.__version__}
+
+
+def _backbone(source: _Source) -> dict:
+    """EAGLE-2 or HASS: from the training hyper-parameters when Lightning saved them, else from the fc
+    bias (HassModule's default is true, Eagle2Module's false)."""
+    hparams = source.checkpoint.get("hyper_parameters") or {}
+    if hparams:
+        hass = hparams.get("align_steps", 1) > 1 or hparams.get("topk_weight", 0.0) > 0
+        return {"name": "hass" if hass else "eagle2", "inferred_from": "hyper_parameters (align_steps, topk_weight)"}
+    return {"name": "hass" if source.config.fc_bias else "eagle2", "inferred_from": "fc_bias"}
+
+
+def _write_json(path: Path, content: dict) -> None:
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def _atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty sibling directory to fill; on success it replaces `out_dir`, on failure it is
+    removed and `out_dir` stays as it was."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TapsError(f"export target {out_dir} is a file; pass a directory for --out")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise TapsError(f"export directory {out_dir} is not empty; pass --overwrite to replace it or choose another --out")
+        if not any((out_dir / marker).is_file() for marker in MARKERS):
+            raise TapsError(f"refusing to replace {out_dir}: it is not a taps-train export (no {' or '.join(MARKERS)}); "
+                            "remove it yourself or choose another --out")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        _replace_directory(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    """Rename `new` onto `target`; an existing `target` is moved aside first and deleted only after."""
+    if not target.exists():
+        new.rename(target)
+        return
+    retired = new.with_suffix(".old")
+    target.rename(retired)
+    try:
+        new.rename(target)
+    except OSError:
+        retired.rename(target)
+        raise
+    shutil.rmtree(retired)
