@@ -21,6 +21,7 @@ TOOL_COMMANDS = {
     "average": "average drafter checkpoints in weight space into a new checkpoint",
     "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
+    "report": "tables (markdown) and plots (PNG) of the paper's views from eval reports",
 }
 USAGE = "\n".join(
     [
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
             from taps_train.eval.command import run_eval
 
             run_eval(args[1:])
+        elif command == "report":
+            run_report_command(args[1:])
         else:
             print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             sys.exit(2)
@@ -162,6 +165,19 @@ def run_export_command(args: list[str]) -> None:
     tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
     print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,
                         domains=options.domains, **common))
+
+
+def run_report_command(args: list[str]) -> None:
+    import argparse
+
+    from taps_train.eval.plots import write_report
+
+    parser = argparse.ArgumentParser(prog="taps-train report", description="Table 1/2 and Figures 6-8 of the TAPS paper from `taps-train eval` reports.")
+    parser.add_argument("reports", nargs="+", help="eval report JSON files, or folders of them")
+    parser.add_argument("--out", default="checkpoints/report", help="folder for report.md and the PNGs")
+    options = parser.parse_args(args)
+    for path in write_report(options.reports, options.out):
+        print(f"wrote {path}")
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, dry_run: bool, verify: bool) -> None:

@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
+    p.add_argument("--wandb-project", default=None, help="also log the reports to this W&B project (offline without an API key or network)")
     return p
 
 
@@ -63,7 +64,7 @@ def run_eval(args: list[str]) -> None:
         benchmarks[spec.split(":")[0]] = prompts
         if report.problems:
             Console(stderr=True).print(f"[yellow]{spec}: {report.summary()}[/]")
-    reports = {}
+    reports, written = {}, {}
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
         decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p)
@@ -80,12 +81,18 @@ def run_eval(args: list[str]) -> None:
             "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
             "benchmarks": results,
             "average_acceptance_length": sum(r["acceptance_length"] for r in results.values()) / len(results),
+            **({"weights": options.weights} if options.strategy == "average" else {}),  # None: uniform
         }
         path = _report_path(Path(options.output), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(reports[temperature], indent=2))
+        written[path] = reports[temperature]
         print(f"wrote {path}")
     print_table(reports)
+    if options.wandb_project:
+        from taps_train.tracking import log_eval_reports
+
+        print(f"W&B run: {log_eval_reports(options.wandb_project, written)}")
 
 
 def averaged_drafter(paths: list[str], weights: list[float] | None, verifier, fingerprint: dict):
