@@ -13,7 +13,13 @@ from taps_train.spec.draft import DrafterState
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig, pack
 from taps_train.spec.verify import VerifierSession
-from tests.test_spec import PROMPTS, assert_same_distribution, greedy_reference, random_drafter, tiny_vocab_verifier
+from tests.test_spec import (
+    PROMPTS,
+    assert_same_distribution,
+    greedy_reference,
+    random_drafter,
+    tiny_vocab_verifier,
+)
 
 MULTI = [name for name in STRATEGIES if name != "single"]
 

@@ -7,7 +7,13 @@ import pytest
 
 from taps_train.cli import main
 from taps_train.errors import TapsError
-from taps_train.eval.plots import drafter_name, interpolation_points, load_reports, tau_table, variant
+from taps_train.eval.plots import (
+    drafter_name,
+    interpolation_points,
+    load_reports,
+    tau_table,
+    variant,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH, CHAT = "checkpoints/hass_math/last.ckpt", "checkpoints/hass_chat/last.ckpt"
