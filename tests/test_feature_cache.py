@@ -39,6 +39,15 @@ def taps_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread; several thrash when other jobs share the CPU (40x here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def write_source(path: Path, n: int, seed: int) -> Path:
     """`n` conversations of varied length (every third one multi-turn), cut from gsm_symbolic problems."""
     records = []
@@ -142,14 +151,14 @@ def test_fp8_round_trip_error_is_small_and_its_files_smaller(tmp_path, data, ran
     assert max(errors["fp8"]) < 0.05
     assert sum(errors["fp8"]) > sum(errors["bf16"])  # it really is stored in 8 bits
     sizes = {name: sum(s["bytes"] for s in c.shards) for name, c in (("bf16", bf16), ("fp8", fp8))}
-    assert sizes["fp8"] / sizes["bf16"] < (HIDDEN + 9 + 1) / (2 * HIDDEN + 5)
+    assert sizes["fp8"] / sizes["bf16"] == pytest.approx(bytes_per_token(HIDDEN, "fp8_e4m3") / bytes_per_token(HIDDEN, "bfloat16"), abs=0.01)
 
 
 def test_bytes_per_token_formula_and_files_on_disk(tmp_path, data, random_verifier_dir):
     assert bytes_per_token(HIDDEN, "bfloat16") == 2 * HIDDEN + 4 + 1  # features + int32 id + uint8 mask
     assert bytes_per_token(HIDDEN, "fp8_e4m3") == HIDDEN + 4 + 4 + 1  # + float32 per-token scale
     for hidden in (128, 4096):  # the tiny verifier, Llama-3-8B
-        assert bytes_per_token(hidden, "bfloat16") / (2 * hidden) <= 1.05 or hidden < 256
+        assert bytes_per_token(hidden, "bfloat16") / (2 * hidden) <= 1.05
         assert bytes_per_token(hidden, "fp8_e4m3") / bytes_per_token(hidden, "bfloat16") <= 0.55
     recipe = write_recipe(tmp_path, "math", [(data["math"], 3, 9)])
     for dtype in ("bfloat16", "fp8_e4m3"):
@@ -323,8 +332,8 @@ def test_dry_run_prints_tokens_and_size_and_writes_nothing(tmp_path, data, rando
     assert not list((tmp_path / "cache").rglob("*.safetensors")) and not list((tmp_path / "cache").rglob("manifest.json"))
 
 
-def test_reading_never_loads_a_whole_shard_into_memory_per_sample(tmp_path, data, random_verifier_dir):
-    """Index reads: samples come from slices of memory-mapped shards, at the positions the index gives."""
+def test_index_reads_and_no_file_per_sample(tmp_path, data, random_verifier_dir):
+    """Samples are slices of packed shards at the offsets the index gives."""
     [cache] = build(write_recipe(tmp_path, "math", [(data["math"], 3, 9)]), random_verifier_dir, tmp_path / "cache", shard_samples=5)
     lengths = [cache.length(p) for p in range(len(cache))]
     assert [len(cache[p]["input_ids"]) for p in range(len(cache))] == lengths

@@ -37,16 +37,17 @@ class BucketBatchSampler(BatchSampler):
         self.sampler.set_epoch(epoch)
 
     def _all_batches(self) -> list[list[int]]:
+        """Batches are composed once (seeded) and only their order changes per epoch, so every epoch
+        has the same number of batches, which Lightning counts once."""
         order = list(range(len(self.lengths)))
-        rng = random.Random(self.seed * 7919 + self.sampler.epoch)
         if self.shuffle:
-            rng.shuffle(order)
+            random.Random(self.seed).shuffle(order)
         batches = []
         for start in range(0, len(order), self.bucket):
             bucket = sorted(order[start : start + self.bucket], key=lambda i: self.lengths[i])
             batches += self._split(bucket)
         if self.shuffle:
-            rng.shuffle(batches)
+            random.Random(self.seed * 7919 + self.sampler.epoch).shuffle(batches)
         return batches
 
     def _split(self, indices: list[int]) -> list[list[int]]:

@@ -132,16 +132,21 @@ def build_cache(
 
 
 def _write_shard(model, samples, directory: Path, span: tuple[int, int], settings: CacheSettings, pad_id: int, bar) -> dict:
-    # Encoded per sample as each batch comes out, so the fp32 batch outputs are freed at once and the
-    # shard is concatenated in its storage dtype (the encoding is per token: same bytes either way).
-    encoded: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
+    # Each batch is encoded (and moved off the verifier's device) as it comes out: a shard never holds its
+    # fp32 features, which for an 8B verifier is ~16 GB per 1k conversations. Encoding is per token, so
+    # the bytes equal those of encoding the whole shard at once.
+    parts: dict[str, list[torch.Tensor | None]] = {}
     for batch in length_batches([len(s.input_ids) for s in samples], settings.batch_tokens):
-        for index, hidden in zip(batch, verifier_features(model, [samples[i] for i in batch], pad_id)):
-            encoded[index] = _encode(hidden, settings.dtype)
-        bar.update(sum(len(samples[i].input_ids) for i in batch))
+        hidden = verifier_features(model, [samples[i] for i in batch], pad_id)
+        sizes = [len(h) for h in hidden]
+        for key, value in _encode(torch.cat(hidden), settings.dtype).items():
+            column = parts.setdefault(key, [None] * len(samples))
+            for index, piece in zip(batch, value.split(sizes)):
+                column[index] = piece
+        bar.update(sum(sizes))
     lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
     tensors = {
-        **{key: torch.cat([e[key] for e in encoded]) for key in encoded[0]},
+        **{key: torch.cat(column) for key, column in parts.items()},
         "input_ids": torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32),
         "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
         "offsets": torch.cumsum(lengths, 0),
