@@ -61,6 +61,19 @@ class AcceptanceLengthCallback(Callback):
             self._tokenizer = loaded.tokenizer
             self._prompt_sets = {spec.split(":")[0]: load_benchmark(spec, self.prompts)[0] for spec in self.benchmarks}
 
+    def measure(self, module: LightningModule, rank: int = 0, world_size: int = 1, seed: int = 0) -> dict[str, tuple[int, int]]:
+        """(new tokens, verifier calls) per benchmark over this rank's share of the prompts."""
+        self._load(module)
+        was_training = module.drafter.training
+        module.drafter.eval()
+        decoder = SpeculativeDecoder(self._verifier, [module.drafter], self.tree, temperature=self.temperature)
+        counts = {}
+        for name, prompts in self._prompt_sets.items():
+            tally = run_benchmark(decoder, self._tokenizer, prompts[rank::world_size], self.max_new_tokens, seed=seed, progress=False)
+            counts[name] = (tally.new_tokens, tally.verify_calls)
+        module.drafter.train(was_training)
+        return counts
+
     def on_validation_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
         if trainer.sanity_checking:
             return
@@ -68,16 +81,8 @@ class AcceptanceLengthCallback(Callback):
         if (self._runs - 1) % self.every:
             return
         began = time.perf_counter()
-        self._load(module)
-        was_training = module.drafter.training
-        module.drafter.eval()
-        decoder = SpeculativeDecoder(self._verifier, [module.drafter], self.tree, temperature=self.temperature)
-        totals = {}
-        for name, prompts in self._prompt_sets.items():
-            share = prompts[trainer.global_rank :: trainer.world_size]
-            tally = run_benchmark(decoder, self._tokenizer, share, self.max_new_tokens, seed=trainer.global_step, progress=False)
-            totals[name] = (_reduced_sum(tally.new_tokens, module), _reduced_sum(tally.verify_calls, module))
-        module.drafter.train(was_training)
+        counts = self.measure(module, trainer.global_rank, trainer.world_size, seed=trainer.global_step)
+        totals = {name: (_reduced_sum(new, module), _reduced_sum(calls, module)) for name, (new, calls) in counts.items()}
         for name, (new, calls) in totals.items():
             module.log(f"val/tau/{name}", new / calls.clamp_min(1), sync_dist=False)
         all_new = sum(new for new, _ in totals.values())
