@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny *random* Llama verifier for unit tests (seconds to build) and the real
 offline tiny verifier for integration tests (built once per machine, then reused)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,16 @@ def tiny_verifier_dir() -> Path:
     from taps_train.verifier.tiny import ensure_tiny_verifier
 
     return ensure_tiny_verifier()
+
+
+def write_source(path: Path, n: int, seed: int) -> Path:
+    """`n` conversations of varied length (every third one multi-turn), cut from gsm_symbolic problems."""
+    records = []
+    for i, conversation in enumerate(gsm_symbolic_conversations(n, seed)):
+        question, answer = conversation.messages[0]["content"], conversation.messages[1]["content"]
+        messages = [{"role": "user", "content": question[: 30 + 17 * i % 90]}, {"role": "assistant", "content": answer[: 20 + 29 * i % 150]}]
+        if i % 3 == 0:
+            messages += [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer[-40:]}]
+        records.append({"id": f"{seed}-{i}", "messages": messages})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path

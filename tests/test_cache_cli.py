@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from taps_train.cli import main
 from taps_train.data import feature_cache
@@ -17,15 +16,6 @@ ROOT = Path(__file__).parents[1]
 def taps_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; several thrash when other jobs share the CPU (40x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

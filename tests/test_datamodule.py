@@ -1,7 +1,6 @@
 """DrafterDataModule on the random verifier (cached and online), and the length-bucketed batch sampler
 it uses (coverage, caps, per-epoch shuffling, mid-epoch skip, DDP sharding)."""
 
-import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -13,8 +12,8 @@ from torch.utils.data import DistributedSampler
 
 from taps_train.data import feature_cache
 from taps_train.data.batching import BucketBatchSampler, pad_collate
-from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.data.datamodule import DrafterDataModule
+from tests.conftest import write_source
 
 HIDDEN = 32
 
@@ -22,28 +21,6 @@ HIDDEN = 32
 @pytest.fixture(autouse=True)
 def taps_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; several thrash when other jobs share the CPU (40x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_source(path: Path, n: int, seed: int) -> Path:
-    """`n` conversations of varied length (every third one multi-turn), cut from gsm_symbolic problems."""
-    records = []
-    for i, conversation in enumerate(gsm_symbolic_conversations(n, seed)):
-        question, answer = conversation.messages[0]["content"], conversation.messages[1]["content"]
-        messages = [{"role": "user", "content": question[: 30 + 17 * i % 90]}, {"role": "assistant", "content": answer[: 20 + 29 * i % 150]}]
-        if i % 3 == 0:
-            messages += [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer[-40:]}]
-        records.append({"id": f"{seed}-{i}", "messages": messages})
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 @pytest.fixture

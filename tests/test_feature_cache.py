@@ -14,7 +14,6 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from taps_train.cli import main
 from taps_train.data import feature_cache
-from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.data.feature_cache import (
     CacheSettings,
     FeatureCache,
@@ -26,6 +25,7 @@ from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.errors import TapsError
 from taps_train.verifier.fingerprint import verifier_fingerprint
+from tests.conftest import write_source
 
 HIDDEN = 32  # the random verifier's hidden size
 MAX_LENGTH = 128
@@ -37,28 +37,6 @@ def taps_home(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("TAPS_HOME", str(home))
     return home
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; several thrash when other jobs share the CPU (40x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def write_source(path: Path, n: int, seed: int) -> Path:
-    """`n` conversations of varied length (every third one multi-turn), cut from gsm_symbolic problems."""
-    records = []
-    for i, conversation in enumerate(gsm_symbolic_conversations(n, seed)):
-        question, answer = conversation.messages[0]["content"], conversation.messages[1]["content"]
-        messages = [{"role": "user", "content": question[: 30 + 17 * i % 90]}, {"role": "assistant", "content": answer[: 20 + 29 * i % 150]}]
-        if i % 3 == 0:
-            messages += [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer[-40:]}]
-        records.append({"id": f"{seed}-{i}", "messages": messages})
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def write_recipe(directory: Path, name: str, sources: list[tuple[Path, int, int]]) -> Path:

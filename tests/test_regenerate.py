@@ -21,15 +21,6 @@ def taps_home(tmp_path, monkeypatch):
     monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; several thrash when other jobs share the CPU (40x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def verifier(random_verifier_dir):
     return load_verifier(str(random_verifier_dir))

@@ -51,17 +51,7 @@ class BucketBatchSampler(BatchSampler):
         return batches
 
     def _split(self, indices: list[int]) -> list[list[int]]:
-        """Split length-sorted (ascending) indices; the newest index is the longest of its batch."""
-        batches, current = [], []
-        for index in indices:
-            too_many_tokens = self.max_tokens is not None and current and (len(current) + 1) * self.lengths[index] > self.max_tokens
-            if len(current) == self.batch_size or too_many_tokens:
-                batches.append(current)
-                current = []
-            current.append(index)
-        if current:
-            batches.append(current)
-        return batches
+        return split_by_length(indices, self.lengths, self.max_tokens, self.batch_size)
 
     def _rank_batches(self) -> list[list[int]]:
         batches = self._all_batches()
@@ -77,6 +67,21 @@ class BucketBatchSampler(BatchSampler):
     def __len__(self) -> int:
         """Batches per epoch on this rank, skipped ones included (the trainer counts those as done)."""
         return len(self._rank_batches())
+
+
+def split_by_length(ascending: list[int], lengths: list[int], max_tokens: int | None, max_count: int | None = None) -> list[list[int]]:
+    """Cut indices sorted by ascending length into consecutive batches whose padded size (count x
+    longest, i.e. the newest index) stays within `max_tokens` and whose count within `max_count`."""
+    batches, current = [], []
+    for index in ascending:
+        too_many_tokens = max_tokens is not None and current and (len(current) + 1) * lengths[index] > max_tokens
+        if current and (len(current) == max_count or too_many_tokens):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def pad_collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

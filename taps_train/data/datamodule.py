@@ -94,9 +94,13 @@ class DrafterDataModule(LightningDataModule):
         self.seed = seed
         self.train_set: ConcatDataset | None = None
         self.val_set: ConcatDataset | None = None
+        self._recipe_preparer: RecipePreparer | None = None
 
     def _preparer(self) -> RecipePreparer:
-        return RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings)
+        """One per process: loading the sources and hashing their files is not free (125 MB for ShareGPT)."""
+        if self._recipe_preparer is None:
+            self._recipe_preparer = RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings)
+        return self._recipe_preparer
 
     def prepare_data(self) -> None:
         """Build missing feature caches (once per node, before `setup`); a no-op when cached."""

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from taps_train.data.batching import split_by_length
 from taps_train.data.chat_format import TokenizedSample
 from taps_train.errors import TapsError
 from taps_train.hashing import file_sha256
@@ -59,17 +60,8 @@ def shard_ranges(num_samples: int, shard_samples: int) -> list[tuple[int, int]]:
 
 
 def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Group indices by descending length so each padded batch stays within `batch_tokens`."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, current = [], []
-    for index in order:
-        if current and (len(current) + 1) * lengths[current[0]] > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
+    """Group indices of similar length so each padded verifier batch stays within `batch_tokens`."""
+    return split_by_length(sorted(range(len(lengths)), key=lambda i: lengths[i]), lengths, batch_tokens)
 
 
 @torch.no_grad()

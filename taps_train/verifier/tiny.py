@@ -136,7 +136,7 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
     work.mkdir(exist_ok=True)
     console.print(f"building tiny verifier {out_dir.name} (resumable; work dir {work})")
 
-    chat_train, chat_heldout, sharegpt_report = _sharegpt_split(spec)
+    chat_train, chat_heldout, usable_chat, sharegpt_report = _sharegpt_split(spec)
     math_train = gsm_symbolic_conversations(spec.math_problems, spec.math_train_seed)
     math_heldout = gsm_symbolic_conversations(spec.heldout_problems, spec.math_heldout_seed)
     console.print(f"corpora: {sharegpt_report.summary()}; {len(math_train)} gsm_symbolic problems")
@@ -178,7 +178,7 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "data": {
             "sharegpt": {
                 "file_records": sharegpt_report.records,
-                "usable_conversations": len(chat_train) + len(chat_heldout) + sharegpt_report.extra_unused,
+                "usable_conversations": usable_chat,
                 "skipped": dict(sharegpt_report.problems),
                 "truncated_tail_chars": sharegpt_report.truncated_tail_chars,
                 "train_conversations": len(chat_train),
@@ -233,8 +233,7 @@ def _sharegpt_split(spec: TinyVerifierSpec):
         raise TapsError(f"tiny verifier spec asks for {wanted} ShareGPT conversations but only {len(order)} are usable")
     heldout = [conversations[i] for i in order[: spec.heldout_conversations]]
     train = [conversations[i] for i in order[spec.heldout_conversations : wanted]]
-    report.extra_unused = len(order) - wanted
-    return train, heldout, report
+    return train, heldout, len(conversations), report
 
 
 def _tokenizer(path: Path, spec: TinyVerifierSpec, conversations: list[Conversation]) -> PreTrainedTokenizerBase:
