@@ -20,7 +20,7 @@ TOOL_COMMANDS = {
     "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
     "average": "average drafter checkpoints in weight space into a new checkpoint",
     "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
-    "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM)",
+    "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM); build a Llama-3-shaped stand-in",
     "report": "tables (markdown) and plots (PNG) of the paper's views from eval reports",
 }
 USAGE = "\n".join(
@@ -98,6 +98,9 @@ def run_cache_command(args: list[str]) -> None:
     parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local model directory, or a hub id")
     parser.add_argument("--cache-dir", default=None, help="cache root (default $TAPS_HOME/features)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"], help="stored feature dtype (fp8 keeps a per-token scale)")
+    from taps_train.verifier.placement import add_placement_arguments
+
+    add_placement_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="print token count and estimated disk size; run no verifier")
     parser.add_argument("--verify", action="store_true", help="check every shard's checksum after building")
     cache(**vars(parser.parse_args(args)))
@@ -180,12 +183,13 @@ def run_report_command(args: list[str]) -> None:
         print(f"wrote {path}")
 
 
-def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, dry_run: bool, verify: bool) -> None:
+def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool, verify: bool) -> None:
     from taps_train.data.feature_cache import CacheSettings
     from taps_train.data.prepare import RecipePreparer
     from taps_train.data.recipe import load_recipe
 
-    preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype))
+    preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype), device, verifier_dtype)
+    print(f"verifier computes on {preparer.placement.device} in {preparer.placement.dtype_name}; features stored as {dtype}")
     for selected in preparer.selected:
         print(f"{selected.selection.source}: {selected.report.summary()}; {selected.duplicates} duplicates dropped")
     sources = preparer.sources(regenerate=not dry_run)
@@ -220,18 +224,22 @@ def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = Fa
     print(f"{path}\n  held-out loss: gsm_symbolic {loss['gsm_symbolic']:.3f}, sharegpt {loss['sharegpt']:.3f} nats/token")
 
 
-def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: int = 128) -> None:
+def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: int = 128, device: str = "auto", verifier_dtype: str = "auto") -> None:
     """Print the verifier's greedy reply to one user message (formatted with its chat template).
 
     Args:
         prompt: the user message.
         verifier: `taps-tiny`, a local model directory, or a hub id.
         max_new_tokens: reply length limit.
+        device: auto (the current CUDA device if any, else cpu), cpu, cuda, cuda:N, or auto-shard.
+        verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
     """
     from taps_train.verifier.loading import load_verifier
     from taps_train.verifier.tiny import greedy_reply
 
-    loaded = load_verifier(verifier)
+    if max_new_tokens < 1:
+        raise TapsError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
+    loaded = load_verifier(verifier, device, verifier_dtype)
     print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
 
 
@@ -258,8 +266,10 @@ def verifier_info(verifier: str = "taps-tiny") -> None:
 def run_verifier_command(args: list[str]) -> None:
     from jsonargparse import CLI
 
+    from taps_train.verifier.standin import build_standin
+
     CLI(
-        {"build": verifier_build, "generate": verifier_generate, "info": verifier_info},
+        {"build": verifier_build, "generate": verifier_generate, "info": verifier_info, "standin": build_standin},
         args=args,
         prog="taps-train verifier",
         description=TOOL_COMMANDS["verifier"],

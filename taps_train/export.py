@@ -57,7 +57,7 @@ from taps_train.errors import TapsError
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
-from taps_train.verifier.loading import DTYPES, LoadedVerifier, load_verifier
+from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_files
 
 LAYOUTS = {"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}
 EXPORT_FORMAT_VERSION = 1
@@ -87,7 +87,7 @@ def export_eagle(
     out_dir = Path(out_dir)
     with _atomic_directory(out_dir, overwrite) as staging:
         source = _read_source(checkpoint_path)
-        loaded = _resolve_verifier([source], verifier, include_embeddings, dtype)
+        loaded = _resolve_verifier([source], verifier, include_embeddings)
         _write_drafter(source, staging, loaded, layout, dtype, include_embeddings, tau_table)
     return out_dir
 
@@ -117,7 +117,7 @@ def export_bundle(
     out_dir = Path(out_dir)
     with _atomic_directory(out_dir, overwrite) as staging:
         sources = [_read_source(path) for path in checkpoints]
-        loaded = _resolve_verifier(sources, verifier, include_embeddings, dtype)
+        loaded = _resolve_verifier(sources, verifier, include_embeddings)
         names = [f"drafter_{i}" for i in range(len(sources))]
         for name, source in zip(names, sources):
             (staging / name).mkdir()
@@ -261,8 +261,8 @@ def _check_options(layout: str, dtype: str) -> None:
         raise TapsError(f"unknown export dtype {dtype!r}; use one of {sorted(DTYPES)}")
 
 
-def _resolve_verifier(sources: list[_Source], verifier: str | None, include_embeddings: bool, dtype: str) -> LoadedVerifier | None:
-    """Load the verifier when needed and refuse drafters that do not fit it."""
+def _resolve_verifier(sources: list[_Source], verifier: str | None, include_embeddings: bool) -> VerifierFiles | None:
+    """Read the verifier's config and tokenizer when needed (never its layers) and refuse drafters that do not fit it."""
     trained = sources[0].checkpoint["taps"]["verifier"]
     for source in sources[1:]:
         if source.checkpoint["taps"]["verifier"] != trained:
@@ -271,14 +271,14 @@ def _resolve_verifier(sources: list[_Source], verifier: str | None, include_embe
     if verifier is None and not include_embeddings:
         return None
     try:
-        loaded = load_verifier(verifier or trained["path"], dtype=dtype)
+        loaded = read_verifier_files(verifier or trained["path"])
     except TapsError as err:
         if verifier:
             raise
         raise TapsError(f"{err} (the verifier recorded in {sources[0].where}); pass --verifier, or --no-embeddings to export without it") from err
     fingerprint = verifier_fingerprint(loaded.path, loaded.tokenizer)
     for source in sources:
-        check_fits_verifier(source.config, loaded.model.config, source.where, f"verifier {loaded.path}")
+        check_fits_verifier(source.config, loaded.config, source.where, f"verifier {loaded.path}")
         check_verifier(source.checkpoint, fingerprint, source.where)
     return loaded
 
@@ -292,7 +292,7 @@ def check_fits_verifier(config: LlamaConfig, verifier_config: PretrainedConfig, 
                             "it was trained for another verifier")
 
 
-def _write_drafter(source: _Source, directory: Path, verifier: LoadedVerifier | None, layout: str, dtype: str,
+def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | None, layout: str, dtype: str,
                    include_embeddings: bool, tau_table: list[dict] | None) -> None:
     torch_dtype = DTYPES[dtype]
     tensors = {key: value.detach().to(torch_dtype).contiguous() for key, value in source.weights.items()}
@@ -303,7 +303,8 @@ def _write_drafter(source: _Source, directory: Path, verifier: LoadedVerifier | 
                       "ignores fc.bias, so its drafts would differ from taps-train's; serve it with SGLang (--format eagle) "
                       "or check that your vLLM version loads fc.bias", stacklevel=3)
     if include_embeddings:
-        tensors["embed_tokens.weight"] = verifier.model.get_input_embeddings().weight.detach().to(torch_dtype).contiguous()
+        embedding, _ = verifier.read_parts(dtype=torch_dtype)
+        tensors["embed_tokens.weight"] = embedding.contiguous()
     check_tensors(tensors, expected_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
     _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
@@ -332,7 +333,7 @@ def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> 
 
 
 def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bool,
-                verifier: LoadedVerifier | None, tau_table: list[dict] | None) -> dict:
+                verifier: VerifierFiles | None, tau_table: list[dict] | None) -> dict:
     taps = source.checkpoint["taps"]
     datamodule = source.checkpoint.get("datamodule_hyper_parameters") or {}
     return {

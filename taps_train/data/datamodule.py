@@ -59,6 +59,8 @@ class DrafterDataModule(LightningDataModule):
         verifier: str = "taps-tiny",
         cache_dir: str | None = None,
         feature_dtype: str = "bfloat16",
+        verifier_device: str = "auto",
+        verifier_dtype: str = "auto",
         online: bool = False,
         batch_size: int = 8,
         max_tokens_per_batch: int | None = None,
@@ -72,6 +74,10 @@ class DrafterDataModule(LightningDataModule):
             verifier: `taps-tiny`, a local HF model directory, or a hub id; must match the drafter's.
             cache_dir: feature cache root (default $TAPS_HOME/features).
             feature_dtype: cache storage dtype, bfloat16 or fp8_e4m3.
+            verifier_device: where the verifier computes missing cache features: auto (the current CUDA
+                device, else CPU), cpu, cuda, cuda:N, or auto-shard (layers spread over all visible GPUs).
+            verifier_dtype: the verifier's compute dtype for the cache: auto (bfloat16 on CUDA, float32 on
+                CPU), bfloat16, float16 or float32. Part of the cache fingerprint.
             online: compute features in the training step instead of caching them.
             batch_size: maximum conversations per batch.
             max_tokens_per_batch: also cap padded tokens per batch (None: no cap).
@@ -85,6 +91,8 @@ class DrafterDataModule(LightningDataModule):
         self.recipe = load_recipe(recipe)
         self.verifier = verifier
         self.settings = CacheSettings(dtype=feature_dtype)
+        self.verifier_device = verifier_device
+        self.verifier_dtype = verifier_dtype
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.online = online
         self.batch_size = batch_size
@@ -99,7 +107,8 @@ class DrafterDataModule(LightningDataModule):
     def _preparer(self) -> RecipePreparer:
         """One per process: loading the sources and hashing their files is not free (125 MB for ShareGPT)."""
         if self._recipe_preparer is None:
-            self._recipe_preparer = RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings)
+            self._recipe_preparer = RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings,
+                                                  self.verifier_device, self.verifier_dtype)
         return self._recipe_preparer
 
     def prepare_data(self) -> None:

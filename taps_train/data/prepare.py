@@ -32,6 +32,7 @@ from taps_train.verifier.loading import (
     load_verifier,
     resolve_verifier_path,
 )
+from taps_train.verifier.placement import resolve_placement
 
 
 @dataclass
@@ -74,24 +75,31 @@ def default_cache_root() -> Path:
 
 
 class RecipePreparer:
-    """Loads the verifier lazily: dry runs and fully cached recipes never run it."""
+    """Loads the verifier lazily: dry runs and fully cached recipes never run it.
 
-    def __init__(self, recipe: Recipe, verifier: str, cache_root: Path | None = None, settings: CacheSettings = CacheSettings()):
+    `device` / `verifier_dtype` say where and in which precision the verifier computes features and
+    regenerated replies; the compute dtype is part of the cache fingerprint (bf16 and fp32 features
+    differ), the storage dtype is `settings.dtype`.
+    """
+
+    def __init__(self, recipe: Recipe, verifier: str, cache_root: Path | None = None, settings: CacheSettings = CacheSettings(),
+                 device: str = "auto", verifier_dtype: str = "auto"):
         self.recipe = recipe
         self.verifier_name = verifier
         self.cache_root = Path(cache_root) if cache_root else default_cache_root()
         self.settings = settings
+        self.placement = resolve_placement(device, verifier_dtype)
         self.selected = [select(selection, recipe.seed) for selection in recipe.sources]
         self.path = resolve_verifier_path(verifier)
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.path)
-        self.hidden_size = AutoConfig.from_pretrained(self.path).hidden_size
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
+        self.hidden_size = AutoConfig.from_pretrained(self.path, trust_remote_code=False).hidden_size
         self.fingerprint = verifier_fingerprint(self.path, self.tokenizer)
         self._verifier: LoadedVerifier | None = None
 
     @property
     def verifier(self) -> LoadedVerifier:
         if self._verifier is None:
-            self._verifier = load_verifier(self.verifier_name)
+            self._verifier = load_verifier(self.verifier_name, self.placement.device, self.placement.dtype_name)
         return self._verifier
 
     def sources(self, regenerate: bool = True) -> list[PreparedSource]:
@@ -107,6 +115,7 @@ class RecipePreparer:
                 "source": selected.key,
                 "max_length": self.recipe.max_length,
                 "dtype": self.settings.dtype,
+                "compute_dtype": self.placement.dtype_name,
                 "feature": FEATURE_KIND,
                 "regenerated": asdict(selected.selection.regenerate) if selected.selection.regenerate else None,
             }
@@ -157,7 +166,8 @@ class RecipePreparer:
         from taps_train.data.regenerate import regenerate
 
         spec = selected.selection.regenerate
-        key = hashlib.sha256(json.dumps([self.fingerprint, selected.key, asdict(spec), self.recipe.max_length], sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps([self.fingerprint, selected.key, asdict(spec), self.recipe.max_length, self.placement.dtype_name],
+                                        sort_keys=True).encode()).hexdigest()[:16]
         verifier = self.verifier
         return regenerate(conversations, verifier.model, verifier.tokenizer, spec, self.recipe.max_length, self.cache_root / "regenerated" / f"{key}.jsonl")
 

@@ -50,7 +50,9 @@ def load_drafter(path: str | Path, verifier: nn.Module, fingerprint: dict) -> Dr
 
 
 def drafter_from_checkpoint(checkpoint: dict, verifier: nn.Module, where: str) -> Drafter:
+    """Trained weights in float32 next to the verifier's LM head (the device its features come out
+    on); embedding and head are the verifier's own tensors, shared, not copied."""
     drafter = Drafter(LlamaConfig.from_dict(checkpoint["taps"]["drafter_config"]))
     drafter.load_verifier_parts(verifier)
     load_drafter_weights(drafter, checkpoint, where)
-    return drafter.eval()
+    return drafter.to(verifier.get_output_embeddings().weight.device).eval()

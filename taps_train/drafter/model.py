@@ -25,6 +25,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from taps_train.errors import TapsError
+
 
 @dataclass
 class KVCache:
@@ -93,21 +95,41 @@ class Drafter(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # The verifier's embedding and LM head arrive with `use_verifier_parts`; until then they are
+        # shapes without storage (at Llama-3's vocabulary a random float32 pair would be 4 GB).
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, device="meta")
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=getattr(config, "fc_bias", False))
         self.layers = nn.ModuleList([DrafterLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
 
     def frozen_parameter_names(self) -> list[str]:
         return ["embed_tokens.weight", "lm_head.weight"]
 
+    def use_verifier_parts(self, embedding: torch.Tensor, lm_head: torch.Tensor) -> None:
+        """Adopt the verifier's input embedding [V, H] and LM head [V, H] as frozen parameters.
+
+        The tensors are used as given (no copy, their dtype and device kept), so a drafter next to
+        a loaded verifier shares its memory, and one built from files holds one copy in the file's dtype.
+        """
+        expected = (self.config.vocab_size, self.config.hidden_size)
+        for name, tensor in (("embedding", embedding), ("LM head", lm_head)):
+            if tuple(tensor.shape) != expected:
+                raise TapsError(f"verifier {name} has shape {tuple(tensor.shape)}, the drafter config needs {expected}")
+        self.embed_tokens.weight = nn.Parameter(embedding.detach(), requires_grad=False)
+        self.lm_head.weight = nn.Parameter(lm_head.detach(), requires_grad=False)
+
     def load_verifier_parts(self, verifier: nn.Module) -> None:
-        """Copy the verifier's input embedding and LM head in, and freeze them."""
-        self.embed_tokens.weight.data.copy_(verifier.get_input_embeddings().weight.data)
-        self.lm_head.weight.data.copy_(verifier.get_output_embeddings().weight.data)
-        self.embed_tokens.requires_grad_(False)
-        self.lm_head.requires_grad_(False)
+        """Share a loaded verifier's input embedding and LM head."""
+        self.use_verifier_parts(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)
+
+    def cast_verifier_parts(self, dtype: torch.dtype) -> None:
+        """Keep the frozen parts in the dtype training computes in (bf16 under bf16-mixed), one copy."""
+        if self.embed_tokens.weight.dtype == self.lm_head.weight.dtype == dtype:
+            return
+        tied = self.embed_tokens.weight is self.lm_head.weight
+        self.embed_tokens.weight = nn.Parameter(self.embed_tokens.weight.detach().to(dtype), requires_grad=False)
+        self.lm_head.weight = self.embed_tokens.weight if tied else nn.Parameter(self.lm_head.weight.detach().to(dtype), requires_grad=False)
 
     def layer_input(self, next_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc(concat(embed(x_{t+1}), f_t)): [B, T, H]."""
@@ -139,4 +161,5 @@ class Drafter(nn.Module):
         return layer.finish(hidden, layer.self_attn.attend(q, k, v, mask))
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(features)
+        """Verifier-vocabulary logits, computed in the LM head's dtype (which may be lower than the features')."""
+        return F.linear(features.to(self.lm_head.weight.dtype), self.lm_head.weight)

@@ -17,7 +17,6 @@ from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import run_benchmark
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.tree import TreeConfig
-from taps_train.verifier.loading import load_verifier
 
 
 class AcceptanceLengthCallback(Callback):
@@ -56,8 +55,8 @@ class AcceptanceLengthCallback(Callback):
 
     def _load(self, module: LightningModule) -> None:
         if self._verifier is None:
-            loaded = load_verifier(module.hparams.verifier)
-            self._verifier = loaded.model.to(module.device)
+            loaded = module.frozen_verifier()  # on the module's device in its verifier_dtype, shared with online mode
+            self._verifier = loaded.model
             self._tokenizer = loaded.tokenizer
             self._prompt_sets = {spec.split(":")[0]: load_benchmark(spec, self.prompts)[0] for spec in self.benchmarks}
 

@@ -22,6 +22,7 @@ from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import load_verifier
+from taps_train.verifier.placement import add_placement_arguments
 
 OFFLINE_BENCHMARKS = ["math_heldout", "arith_offline", "chat_heldout"]
 
@@ -30,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="taps-train eval", description="Measure acceptance length (τ) of drafters on benchmarks; write JSON reports.")
     p.add_argument("--drafters", nargs="+", required=True, help="drafter checkpoints written by `taps-train fit`")
     p.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local HF model directory, or a hub id")
+    add_placement_arguments(p)
     p.add_argument("--strategy", default="single", choices=sorted([*STRATEGIES, "average"]),
                    help="single drafter, or how several are combined (average: in weight space; others: per round)")
     p.add_argument("--weights", nargs="+", type=float, default=None, help="averaging weights λ (strategy average; default uniform)")
@@ -52,7 +54,7 @@ def run_eval(args: list[str]) -> None:
     if (options.strategy == "single") != (len(options.drafters) == 1):
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
-    verifier = load_verifier(options.verifier)
+    verifier = load_verifier(options.verifier, options.device, options.verifier_dtype)
     fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
     if options.strategy == "average":
         drafters = [averaged_drafter(options.drafters, options.weights, verifier.model, fingerprint)]

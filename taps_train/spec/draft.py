@@ -26,7 +26,7 @@ class DrafterState:
         positions = torch.arange(self.committed, self.committed + m, device=device)[None]
         mask = torch.ones(m, self.committed + m, dtype=torch.bool, device=device)
         mask[:, self.committed :] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
-        out = self.drafter(next_ids.to(device)[None], features.to(device, torch.float32)[None], positions, mask, self.cache)
+        out = self.drafter(next_ids.to(device)[None], features.to(device, self.drafter.fc.weight.dtype)[None], positions, mask, self.cache)
         self.committed += m
         self.root_feature = out[0, -1]
 

@@ -14,7 +14,6 @@ Checkpoints hold only the trainable drafter weights, the drafter config and the 
 import math
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 
 from taps_train.drafter import Drafter, drafter_config
@@ -24,14 +23,10 @@ from taps_train.drafter.checkpoint import (
     read_checkpoint,
 )
 from taps_train.errors import TapsError
-from taps_train.training.losses import (
-    alignment_mask,
-    feature_loss,
-    soft_cross_entropy,
-    topk_distillation,
-)
+from taps_train.training.losses import alignment_mask, feature_loss, vocab_losses
 from taps_train.verifier.fingerprint import verifier_fingerprint
-from taps_train.verifier.loading import load_verifier
+from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
+from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 
 SCHEDULES = ("cosine", "linear", "constant")
 
@@ -56,6 +51,8 @@ class Eagle2Module(LightningModule):
         accuracy_topk: int = 5,
         init_from: str | None = None,
         seed: int = 0,
+        verifier_dtype: str = "auto",
+        loss_chunk_size: int | None = 1024,
     ):
         """
         Args:
@@ -76,31 +73,52 @@ class Eagle2Module(LightningModule):
             accuracy_topk: k of the logged top-k accuracy.
             init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
             seed: seed of the feature noise (per step, so resumed runs draw the same noise).
+            verifier_dtype: compute dtype of the full verifier where training runs it (online features, the
+                τ callback), on this module's device: auto (bfloat16 on CUDA, float32 on CPU), bfloat16,
+                float16 or float32. The frozen embedding and LM head follow the trainer's precision instead.
+            loss_chunk_size: positions per chunk of the vocabulary-sized loss terms (bounds their memory at
+                large vocabularies; None = all positions at once). Values and gradients do not depend on it.
         """
         super().__init__()
         if schedule not in SCHEDULES:
             raise TapsError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
         if align_steps < 1:
             raise TapsError(f"align_steps must be >= 1, got {align_steps}")
+        if verifier_dtype not in COMPUTE_DTYPE_CHOICES:
+            raise TapsError(f"unknown verifier_dtype {verifier_dtype!r}; use one of {', '.join(COMPUTE_DTYPE_CHOICES)}")
+        if loss_chunk_size is not None and loss_chunk_size < 1:
+            raise TapsError(f"loss_chunk_size must be >= 1 (or null for no chunking), got {loss_chunk_size}")
         self.save_hyperparameters()
-        loaded = load_verifier(verifier)
-        self.verifier_fingerprint = verifier_fingerprint(loaded.path, loaded.tokenizer)
-        self.drafter = Drafter(drafter_config(loaded.model.config, fc_bias))
-        self.drafter.load_verifier_parts(loaded.model)
-        self._online_verifier = None  # loaded on the first batch without cached features
+        # Only the config, the tokenizer and two tensors of the verifier: its layers are never built here,
+        # so N ranks do not each hold an 8B model in host RAM before training starts.
+        files = read_verifier_files(verifier)
+        self.verifier_fingerprint = verifier_fingerprint(files.path, files.tokenizer)
+        self.drafter = Drafter(drafter_config(files.config, fc_bias))
+        self.drafter.use_verifier_parts(*files.read_parts())
+        self._verifier: LoadedVerifier | None = None  # the full verifier, loaded on first need (online, τ callback)
         if init_from:
             self._warm_start(init_from)
 
+    def setup(self, stage: str) -> None:
+        if self.trainer is not None:
+            self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
+
     # --- features -------------------------------------------------------------------------
+
+    def frozen_verifier(self) -> LoadedVerifier:
+        """The full verifier on this module's device in `verifier_dtype`, loaded once per process and
+        shared by online mode and the τ callback (never part of the module's state or checkpoints)."""
+        if self._verifier is None:
+            self._verifier = load_verifier(self.hparams.verifier, str(self.device), self.hparams.verifier_dtype)
+        return self._verifier
 
     def batch_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cached features, or (online mode) the frozen verifier's post-norm last hidden states."""
         if "features" in batch:
             return batch["features"]
-        if self._online_verifier is None:
-            self._online_verifier = load_verifier(self.hparams.verifier).model.to(self.device)
         with torch.no_grad():
-            return self._online_verifier.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.float()
+            model = self.frozen_verifier().model
+            return model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.float()
 
     def _noise(self, features: torch.Tensor) -> torch.Tensor:
         generator = torch.Generator(device="cpu").manual_seed(self.hparams.seed * 1_000_003 + self.global_step)
@@ -121,8 +139,6 @@ class Eagle2Module(LightningModule):
             return zero, {"loss": zero}
         if train and self.hparams.feature_noise > 0:
             inputs = self._noise(inputs)
-        with torch.no_grad():
-            target_p = F.softmax(self.drafter.logits(targets[counts]).float(), dim=-1)
         positions = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
         layer = self.drafter.layers[0]
         keys, values, step_inputs = [], [], inputs
@@ -134,7 +150,7 @@ class Eagle2Module(LightningModule):
             values.append(v)
             mask = alignment_mask(length, step, ids.device)
             predicted = layer.finish(hidden, layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
-            loss, step_logs = self._loss(predicted[counts], targets[counts], target_p)
+            loss, step_logs = self._loss(predicted[counts], targets[counts])
             total = total + loss / self.hparams.align_steps
             logs.update({f"{name}_step{step}": value for name, value in step_logs.items()})
             # Step n+1 reads, at position s, the prediction of f_s made at position s-1 in step n.
@@ -142,18 +158,17 @@ class Eagle2Module(LightningModule):
         logs["loss"] = total
         return total, logs
 
-    def _loss(self, predicted: torch.Tensor, target: torch.Tensor, target_p: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def _loss(self, predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Weighted loss and its logged terms; the vocabulary-sized terms run in chunks of positions."""
         h = self.hparams
-        log_q = F.log_softmax(self.drafter.logits(predicted).float(), dim=-1)
-        terms = {"feature_loss": feature_loss(predicted, target).mean(), "prob_loss": soft_cross_entropy(log_q, target_p).mean()}
+        terms = {
+            "feature_loss": feature_loss(predicted, target).mean(),
+            **vocab_losses(predicted, target, self.drafter.lm_head.weight, topk=h.topk if h.topk_weight > 0 else 0,
+                           accuracy_topk=h.accuracy_topk, chunk_size=h.loss_chunk_size),
+        }
         loss = h.feature_weight * terms["feature_loss"] + h.prob_weight * terms["prob_loss"]
         if h.topk_weight > 0:
-            terms["topk_loss"] = topk_distillation(log_q, target_p, h.topk).mean()
             loss = loss + h.topk_weight * terms["topk_loss"]
-        with torch.no_grad():
-            verifier_top1 = target_p.argmax(-1, keepdim=True)
-            terms["acc_top1"] = (log_q.argmax(-1, keepdim=True) == verifier_top1).float().mean()
-            terms[f"acc_top{h.accuracy_topk}"] = (log_q.topk(h.accuracy_topk, -1).indices == verifier_top1).any(-1).float().mean()
         return loss, terms
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -13,16 +13,19 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from taps_train.errors import TapsError
+from taps_train.verifier.placement import COMPUTE_DTYPES, Placement, resolve_placement
 
 TINY_VERIFIER = "taps-tiny"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = COMPUTE_DTYPES
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 @dataclass
@@ -31,6 +34,7 @@ class LoadedVerifier:
     path: str  # local directory or hub id actually loaded
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    placement: Placement
 
 
 def resolve_verifier_path(name_or_path: str) -> str:
@@ -51,33 +55,83 @@ def resolve_verifier_path(name_or_path: str) -> str:
     return name_or_path
 
 
+@dataclass
+class VerifierFiles:
+    """What a drafter needs of a verifier without building it: config, tokenizer, and (on demand)
+    the embedding and LM head tensors read straight from the safetensors files."""
+
+    path: str
+    config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    revision: str | None = None
+
+    def read_parts(self, dtype: torch.dtype | None = None, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embedding [V, H], LM head [V, H]); the file's dtype unless `dtype` is given."""
+        from taps_train.verifier.parts import read_verifier_parts
+
+        parts = read_verifier_parts(self.path, config=self.config, dtype=dtype, device=device, revision=self.revision)
+        return parts.embedding, parts.lm_head
+
+
+def read_verifier_files(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> VerifierFiles:
+    """Config and tokenizer of a verifier (a few MB), checked to be a causal LM."""
+    path = resolve_verifier_path(name_or_path)
+    hub = {"revision": revision, "trust_remote_code": trust_remote_code}
+    config = _read_config(path, hub)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, **hub)
+    except (OSError, ValueError) as err:
+        raise TapsError(f"cannot load the tokenizer of verifier {path}: {_first_line(err)}; re-download or rebuild the model directory") from err
+    return VerifierFiles(path=path, config=config, tokenizer=tokenizer, revision=revision)
+
+
+def check_safetensors_weights(directory: Path) -> None:
+    """Weights are untrusted files: only safetensors are read, pickles never (they can run code)."""
+    if any(directory.glob("*.safetensors")) or (directory / "model.safetensors.index.json").is_file():
+        return
+    pickles = sorted(f.name for f in directory.iterdir() if f.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise TapsError(f"verifier directory {directory} holds only pickled weights ({pickles[0]}); taps-train loads safetensors only. "
+                        "Convert once with transformers: AutoModelForCausalLM.from_pretrained(dir).save_pretrained(new_dir) (writes safetensors)")
+    raise TapsError(f"verifier directory {directory} has no model.safetensors or model.safetensors.index.json; pass a complete model directory")
+
+
 def load_verifier(
     name_or_path: str,
-    dtype: str = "float32",
+    device: str = "auto",
+    dtype: str = "auto",
     revision: str | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedVerifier:
-    """Load model and tokenizer in eval mode with every parameter frozen."""
-    if dtype not in DTYPES:
-        raise TapsError(f"unknown verifier dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    """Load model and tokenizer in eval mode with every parameter frozen, weights straight onto
+    `device` in the compute `dtype` (see `placement`): an 8B verifier never passes through host
+    RAM in float32."""
+    placement = resolve_placement(device, dtype)
     path = resolve_verifier_path(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
+    _read_config(path, hub)
+    if Path(path).is_dir():
+        check_safetensors_weights(Path(path))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **placement.from_pretrained_kwargs(), use_safetensors=True, **hub)
+        tokenizer = AutoTokenizer.from_pretrained(path, **hub)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise TapsError(f"cannot load verifier weights/tokenizer from {path}: {_first_line(err)}; re-download or rebuild the model directory") from err
+    model.eval().requires_grad_(False)
+    return LoadedVerifier(name=name_or_path, path=path, model=model, tokenizer=tokenizer, placement=placement)
+
+
+def _read_config(path: str, hub: dict) -> PretrainedConfig:
     try:
         config = AutoConfig.from_pretrained(path, **hub)
     except (OSError, ValueError) as err:
         raise TapsError(f"cannot read the config of verifier {path}: {_first_line(err)}; check the id/path (hub access needs network and HF_TOKEN for gated models)") from err
     is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
-        trust_remote_code and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
+        hub["trust_remote_code"] and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
     )
     if not is_causal:
         raise TapsError(f"verifier {path} is a '{config.model_type}' model without a causal-LM head; pass a decoder-only LM (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **hub)
-        tokenizer = AutoTokenizer.from_pretrained(path, **hub)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise TapsError(f"cannot load verifier weights/tokenizer from {path}: {_first_line(err)}; re-download or rebuild the model directory") from err
-    model.eval().requires_grad_(False)
-    return LoadedVerifier(name=name_or_path, path=path, model=model, tokenizer=tokenizer)
+    return config
 
 
 def _first_line(err: Exception) -> str:

@@ -214,7 +214,7 @@ def greedy_reply(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, pr
     """The model's greedy answer to one user message, formatted with its chat template."""
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"]
+    )["input_ids"].to(model.device)
     stop = [tokenizer.convert_tokens_to_ids(EOT), tokenizer.convert_tokens_to_ids(EOS)]
     with torch.no_grad():
         out = model.generate(

@@ -1,0 +1,242 @@
+"""The verifier's input embedding and LM head, read straight from its safetensors files.
+
+A drafter needs only these two frozen tensors from the verifier (2 x 128,256 x 4,096 for Llama-3-8B,
+~2 GB in bfloat16 against the model's 16 GB), so training from a feature cache must not load, or even
+download, the rest. Here the model is never instantiated with weights: the architecture is built on
+the meta device (no memory) only to learn which parameters are the embedding and the head, whether
+they are tied, their shapes, and the scale the embedding module applies; then only the shards that
+hold those two tensors are opened and only those tensors are read.
+
+Names come from the meta model rather than from a list of known keys because that covers every
+architecture transformers knows (`model.embed_tokens`, `transformer.wte`, `gpt_neox.embed_in`, ...)
+and asks transformers itself which head is tied to which embedding. Checkpoint keys can still differ
+from module paths in two ways seen in practice: a base-model prefix that the checkpoint lacks
+(`embed_tokens.weight` saved from `LlamaModel`), and composite models whose older checkpoints nest the
+text model differently (`language_model.model.embed_tokens.weight`); a unique key ending in the same
+`<module>.weight` is accepted for both.
+"""
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
+from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from taps_train.errors import TapsError
+from taps_train.verifier.loading import check_safetensors_weights, resolve_verifier_path
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}
+
+
+@dataclass(frozen=True)
+class TensorRead:
+    """One tensor read from disk: which file, which key, how many bytes."""
+
+    file: str
+    name: str
+    nbytes: int
+
+
+@dataclass
+class VerifierParts:
+    """The verifier's frozen input embedding and LM head, as its own modules would use them.
+
+    `embedding` rows are looked up and then multiplied by `embed_scale` inside the verifier (Gemma:
+    sqrt(hidden), applied in the weight dtype; Granite: `embedding_multiplier`), so a drafter must do
+    the same to see what the verifier's embedding outputs. When `tied`, `lm_head` is the same tensor
+    object as `embedding`.
+    """
+
+    embedding: torch.Tensor  # [vocab_size, hidden]
+    lm_head: torch.Tensor  # [vocab_size, hidden]
+    embed_scale: float
+    tied: bool
+    source: str  # local directory or hub id
+    tensors_read: list[TensorRead] = field(default_factory=list)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(read.nbytes for read in self.tensors_read)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What the meta model says about one of the two tensors."""
+
+    param: str  # parameter name in the model
+    shape: tuple[int, ...]
+
+
+def read_verifier_parts(
+    name_or_path: str,
+    config: PretrainedConfig | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> VerifierParts:
+    """Read only the embedding and LM head of a verifier (local directory, hub id, or `taps-tiny`).
+
+    `config` saves reading config.json again when the caller has it. Tensors keep their stored dtype
+    unless `dtype` is given; on CPU without a cast they stay backed by a private, copy-on-write mapping
+    of the file, so pages are read when first touched. Every check (files present, keys present, float
+    dtype, shapes matching the config) runs before any tensor is read; a hub id downloads config.json,
+    the index and only the shards holding the two tensors.
+    """
+    if dtype is not None and not dtype.is_floating_point:
+        raise TapsError(f"verifier parts dtype {dtype} is not a floating-point dtype; pass e.g. torch.bfloat16 or torch.float32")
+    path = resolve_verifier_path(name_or_path)
+    local = Path(path).is_dir()
+    if local:
+        check_safetensors_weights(Path(path))  # refuses pickles, naming the file and the conversion
+    if config is None:
+        config = _config(path, revision, trust_remote_code)
+    embedding, head, tied, embed_scale = _inspect_architecture(config, path, trust_remote_code)
+
+    fetch = (lambda name: _local_file(Path(path), name)) if local else (lambda name: _hub_file(path, name, revision))
+    key_files, listing = _key_files(fetch, path)
+    config_where = f"{path}/config.json" if local else f"config.json of {path}"
+    wanted = {"embedding": embedding} if tied else {"embedding": embedding, "lm_head": head}
+    located = {role: _locate(w, key_files, listing, path, tied) for role, w in wanted.items()}
+
+    with ExitStack() as stack:
+        handles: dict[str, safe_open] = {}
+        for role, (key, filename) in located.items():
+            file = fetch(filename)
+            if file is None:
+                raise TapsError(f"{listing} names shard {filename} for {key}, but that file is missing; re-download the model")
+            if filename not in handles:
+                handles[filename] = stack.enter_context(_open(file))
+            _check_header(handles[filename], key, file, wanted[role].shape, config_where)
+        tensors, reads = {}, []
+        for role, (key, filename) in located.items():
+            tensor = handles[filename].get_tensor(key)
+            reads.append(TensorRead(filename, key, tensor.nbytes))
+            tensors[role] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+    return VerifierParts(
+        embedding=tensors["embedding"],
+        lm_head=tensors["embedding"] if tied else tensors["lm_head"],
+        embed_scale=embed_scale,
+        tied=tied,
+        source=path,
+        tensors_read=reads,
+    )
+
+
+def _config(path: str, revision: str | None, trust_remote_code: bool) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise TapsError(f"cannot read the config of verifier {path}: {_first_line(err)}; check the id/path (hub access needs network, HF_TOKEN for gated models)") from err
+
+
+def _inspect_architecture(config: PretrainedConfig, path: str, trust_remote_code: bool) -> tuple[_Wanted, _Wanted, bool, float]:
+    """Embedding and head parameter names/shapes, tying and embedding scale, from a weightless model."""
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, ImportError) as err:
+        raise TapsError(f"verifier {path} ('{config.model_type}') is not a causal LM transformers can build: {_first_line(err)}; pass a decoder-only LM") from err
+    embed_module, head_module = model.get_input_embeddings(), model.get_output_embeddings()
+    if head_module is None:
+        raise TapsError(f"verifier {path} ('{config.model_type}') has no output embedding (LM head); pass a causal LM with one")
+    if getattr(head_module, "bias", None) is not None:
+        raise TapsError(f"verifier {path} ('{config.model_type}') has an LM head with a bias, which the drafter's head cannot reproduce; use a verifier without one")
+    names = {id(p): n for n, p in model.named_parameters()}
+    embedding = _Wanted(names[id(embed_module.weight)], tuple(embed_module.weight.shape))
+    head = _Wanted(names[id(head_module.weight)], tuple(head_module.weight.shape))
+    tied = head_module.weight is embed_module.weight
+    return embedding, head, tied, _embed_scale(model, embed_module)
+
+
+def _embed_scale(model: torch.nn.Module, embed_module: torch.nn.Module) -> float:
+    """The factor the verifier applies to looked-up rows: Gemma's scaled embedding module keeps it as
+    `scalar_embed_scale` (its `embed_scale` buffer is empty on the meta device); Granite's base model
+    multiplies by `embedding_multiplier` after the lookup."""
+    scale = float(getattr(embed_module, "scalar_embed_scale", 1.0))
+    for module in model.modules():
+        if any(child is embed_module for child in module.children()):
+            scale *= float(getattr(module, "embedding_multiplier", 1.0))
+    return scale
+
+
+def _local_file(directory: Path, name: str) -> Path | None:
+    file = directory / name
+    return file if file.is_file() else None
+
+
+def _hub_file(repo: str, name: str, revision: str | None) -> Path | None:
+    """A file of a hub repo (cached or downloaded); None when the repo has no such file."""
+    try:
+        return Path(hf_hub_download(repo, name, revision=revision))
+    except RemoteEntryNotFoundError:
+        return None
+    except EntryNotFoundError as err:  # offline, and not in the local cache
+        if name == INDEX:
+            return None  # may be a single-file model; model.safetensors is tried next
+        raise TapsError(f"cannot fetch {name} of {repo}@{revision or 'main'}: not in the local Hugging Face cache and the hub is unreachable; download it once with network") from err
+    except OSError as err:
+        raise TapsError(f"cannot fetch {name} of {repo}@{revision or 'main'}: {_first_line(err)}; check the id, revision, network and HF_TOKEN") from err
+
+
+def _key_files(fetch: Callable[[str], Path | None], path: str) -> tuple[dict[str, str], str]:
+    """Map every tensor key to the file holding it (sharded index, or one file's header); also name the listing."""
+    index = fetch(INDEX)
+    if index is not None:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise TapsError(f"{index} is not a readable safetensors index (no weight_map: {_first_line(err)}); re-download the model") from err
+        return weight_map, str(index)
+    single = fetch(SINGLE)
+    if single is None:
+        raise TapsError(f"verifier {path} has neither {INDEX} nor {SINGLE}; save it with `save_pretrained` (safetensors)")
+    with _open(single) as handle:
+        return {key: SINGLE for key in handle.keys()}, str(single)
+
+
+def _locate(wanted: _Wanted, key_files: dict[str, str], listing: str, path: str, tied: bool) -> tuple[str, str]:
+    """(checkpoint key, file name) of a wanted parameter: its own name, else the unique key with its leaf name."""
+    if wanted.param in key_files:
+        return wanted.param, key_files[wanted.param]
+    leaf = ".".join(wanted.param.split(".")[-2:])
+    matches = sorted(key for key in key_files if key == leaf or key.endswith("." + leaf))
+    if len(matches) == 1:
+        return matches[0], key_files[matches[0]]
+    if matches:
+        raise TapsError(f"{listing} has several candidates for {wanted.param} ({', '.join(matches)}); the checkpoint layout is ambiguous")
+    why = "" if tied else " and config.json does not tie it to the embedding (transformers would give this verifier a random head)"
+    raise TapsError(f"{listing} has no tensor {wanted.param}{why}; the checkpoint of {path} is incomplete, re-download or re-save it")
+
+
+def _open(file: Path) -> safe_open:
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise TapsError(f"{file} is not a valid safetensors file ({_first_line(err)}); it is corrupt or truncated, re-download it") from err
+
+
+def _check_header(handle: safe_open, key: str, file: Path, shape: tuple[int, ...], config_where: str) -> None:
+    """Key present, float dtype, shape as config.json implies: all from the header, nothing read yet."""
+    if key not in handle.keys():
+        raise TapsError(f"{file} does not hold {key} although the index says so; re-download the model")
+    piece = handle.get_slice(key)
+    stored = piece.get_dtype()
+    if stored not in _FLOAT_DTYPES:
+        raise TapsError(f"{file}: {key} is stored as {stored}; the frozen embedding/head must be float (BF16, F16, F32 or F64), not quantized or integer")
+    got = tuple(piece.get_shape())
+    if got != shape:
+        raise TapsError(f"{file}: {key} has shape {list(got)} but {config_where} implies {list(shape)} (vocab_size x hidden_size); the weights do not match the config")
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
