@@ -58,6 +58,18 @@ def tiny_verifier_dir() -> Path:
     return ensure_tiny_verifier()
 
 
+STANDIN_SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2}
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_path_factory) -> Path:
+    """A small Llama-3-shaped stand-in verifier: 128,256-token vocabulary, GQA, untied head, sharded
+    bf16 safetensors with embedding and head in different shards; 2 layers of hidden 64 (seconds)."""
+    from taps_train.verifier.standin import build_standin
+
+    return build_standin(tmp_path_factory.mktemp("standin") / "model", **STANDIN_SMALL)
+
+
 def write_source(path: Path, n: int, seed: int) -> Path:
     """`n` conversations of varied length (every third one multi-turn), cut from gsm_symbolic problems."""
     records = []

@@ -40,6 +40,16 @@ def _inputs(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
     return predicted, target, weight
 
 
+def assert_grads_close(got: torch.Tensor, expected: torch.Tensor, head_dtype: torch.dtype) -> None:
+    """float32 heads: float tolerance. bf16 heads round the [N, V] logit gradient to bf16 before the
+    head's matmul; autograd rounds the weighted sum of the terms once, the closed form each term, so
+    the two agree to bf16 precision (~0.4% of the gradient's scale), not bit for bit."""
+    if head_dtype == torch.float32:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    else:
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-2 * expected.abs().max().item())
+
+
 def _weighted_sum(terms: dict) -> torch.Tensor:
     return terms["prob_loss"] + 0.7 * terms.get("topk_loss", 0.0)
 
@@ -62,7 +72,7 @@ def test_chunked_values_and_gradients_equal_the_unchunked_definition(chunk_size,
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
     assert not got["acc_top1"].requires_grad and not got["acc_top3"].requires_grad
-    torch.testing.assert_close(leaf.grad, leaf_ref.grad, rtol=1e-5, atol=1e-7)
+    assert_grads_close(leaf.grad, leaf_ref.grad, dtype)
 
 
 def test_chunked_loss_under_bf16_autocast_matches_the_unchunked_definition():
@@ -80,7 +90,7 @@ def test_chunked_loss_under_bf16_autocast_matches_the_unchunked_definition():
     (expected, expected_grad), (got, got_grad) = results
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_grad, expected_grad, rtol=1e-5, atol=1e-7)
+    assert_grads_close(got_grad, expected_grad, torch.bfloat16)
     # Autocast really applied: bf16 logits give a different loss from fp32 ones.
     assert not torch.allclose(got["prob_loss"], naive_losses(predicted, target, weight, 5, 3)["prob_loss"], rtol=1e-5)
 

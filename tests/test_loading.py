@@ -85,3 +85,21 @@ def test_unknown_device_is_refused(random_verifier_dir, device, monkeypatch):
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     with pytest.raises(TapsError, match="device"):
         load_verifier(str(random_verifier_dir), device=device)
+
+
+def test_sharded_verifier_with_a_missing_shard_is_one_line(standin, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(standin, broken)
+    shard = json.loads((broken / "model.safetensors.index.json").read_text())["weight_map"]["model.layers.0.mlp.up_proj.weight"]
+    (broken / shard).unlink()
+    with pytest.raises(TapsError, match=f"cannot load verifier weights.*{shard}"):
+        load_verifier(str(broken))
+
+
+def test_verifier_whose_weights_disagree_with_its_config_is_one_line(standin, tmp_path):
+    wrong = tmp_path / "wrong"
+    shutil.copytree(standin, wrong)
+    config = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    with pytest.raises(TapsError, match=f"cannot load verifier weights/tokenizer from {wrong}"):
+        load_verifier(str(wrong))

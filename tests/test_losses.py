@@ -1,12 +1,7 @@
 import torch
 import torch.nn.functional as F
 
-from taps_train.training.losses import (
-    alignment_mask,
-    feature_loss,
-    soft_cross_entropy,
-    topk_distillation,
-)
+from taps_train.training.losses import alignment_mask, feature_loss, vocab_losses
 
 
 def test_alignment_mask_on_six_tokens_matches_hand_written_expectation():
@@ -46,18 +41,22 @@ def test_every_query_sees_each_context_position_exactly_once():
         assert torch.equal(mask, torch.ones(9, 9, dtype=torch.long).tril())
 
 
-def test_soft_cross_entropy_with_one_hot_target_is_cross_entropy():
+# With an identity LM head, features are logits: softmax(target) is the verifier's p, softmax(predicted) the drafter's q.
+def test_soft_cross_entropy_with_a_one_hot_verifier_is_cross_entropy():
     logits = torch.randn(5, 11)
     target = torch.randint(0, 11, (5,))
-    p = F.one_hot(target, 11).float()
-    torch.testing.assert_close(soft_cross_entropy(F.log_softmax(logits, -1), p), F.cross_entropy(logits, target, reduction="none"))
+    one_hot_logits = 200.0 * F.one_hot(target, 11).float()  # softmax is one-hot to float precision
+    terms = vocab_losses(logits, one_hot_logits, torch.eye(11), chunk_size=2)
+    torch.testing.assert_close(terms["prob_loss"], F.cross_entropy(logits, target))
 
 
 def test_topk_distillation_sums_over_the_verifiers_top_tokens_only():
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    log_q = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
-    expected = -(0.5 * log_q[0, 0] + 0.3 * log_q[0, 1])
-    torch.testing.assert_close(topk_distillation(log_q, p, k=2), expected[None])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    expected = -(0.5 * q[0, 0].log() + 0.3 * q[0, 1].log())
+    terms = vocab_losses(q.log(), p.log(), torch.eye(4), topk=2, accuracy_topk=1)
+    torch.testing.assert_close(terms["topk_loss"], expected)
+    assert terms["acc_top1"] == 0.0  # the drafter's argmax (3) is not the verifier's (0)
 
 
 def test_feature_loss_is_smooth_l1_mean_over_hidden():

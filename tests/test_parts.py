@@ -31,12 +31,6 @@ from taps_train.verifier.standin import build_standin
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Path:
-    """Sharded, bfloat16, 128,256-row embedding and head in different shards, 2 layers of hidden 64."""
-    return build_standin(tmp_path_factory.mktemp("standin") / "model", layers=2, hidden=64, heads=4, kv_heads=2)
-
-
 def _weight_map(path: Path) -> dict[str, str]:
     return json.loads((path / INDEX).read_text())["weight_map"]
 

@@ -11,13 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from taps_train.errors import TapsError
 from taps_train.verifier.standin import LLAMA3_VOCAB, MANIFEST, build_standin
 from taps_train.verifier.tokenizer import BOS, EOT, PAD
-
-SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2}
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory) -> Path:
-    return build_standin(tmp_path_factory.mktemp("standin") / "model", **SMALL)
+from tests.conftest import STANDIN_SMALL
 
 
 def _weight_map(path: Path) -> dict[str, str]:
@@ -64,11 +58,11 @@ def test_loads_with_transformers_and_runs_a_chat_prompt(standin):
 
 
 def test_same_settings_give_same_bytes_and_are_reused(standin, tmp_path):
-    again = build_standin(tmp_path / "again", **SMALL)
+    again = build_standin(tmp_path / "again", **STANDIN_SMALL)
     for name in set(_weight_map(standin).values()):
         assert (again / name).read_bytes() == (standin / name).read_bytes()
     stamp = (standin / MANIFEST).stat().st_mtime_ns
-    assert build_standin(standin, **SMALL) == standin and (standin / MANIFEST).stat().st_mtime_ns == stamp
+    assert build_standin(standin, **STANDIN_SMALL) == standin and (standin / MANIFEST).stat().st_mtime_ns == stamp
 
 
 def test_seed_and_dtype_change_the_weights(tmp_path):
@@ -86,12 +80,12 @@ def test_seed_and_dtype_change_the_weights(tmp_path):
 
 def test_refuses_other_settings_and_foreign_directories(standin, tmp_path):
     with pytest.raises(TapsError, match=f"{MANIFEST}.*records other settings.*new --out"):
-        build_standin(standin, **{**SMALL, "seed": 1})
+        build_standin(standin, **{**STANDIN_SMALL, "seed": 1})
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     with pytest.raises(TapsError, match=f"{foreign} is not empty"):
-        build_standin(foreign, **SMALL)
+        build_standin(foreign, **STANDIN_SMALL)
     with pytest.raises(TapsError, match="hidden 64 must split into 3 heads"):
         build_standin(tmp_path / "bad", layers=1, hidden=64, heads=3, kv_heads=1)
     with pytest.raises(TapsError, match="multiple of kv_heads 3"):

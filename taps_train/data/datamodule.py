@@ -17,6 +17,7 @@ from taps_train.data.chat_format import TokenizedSample
 from taps_train.data.feature_cache import CacheSettings, FeatureCache
 from taps_train.data.prepare import PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
+from taps_train.verifier.placement import resolve_placement
 
 
 class CachedSamples(Dataset):
@@ -91,6 +92,7 @@ class DrafterDataModule(LightningDataModule):
         self.recipe = load_recipe(recipe)
         self.verifier = verifier
         self.settings = CacheSettings(dtype=feature_dtype)
+        resolve_placement(verifier_device, verifier_dtype)  # refuse a bad device/dtype now, not after the data is read
         self.verifier_device = verifier_device
         self.verifier_dtype = verifier_dtype
         self.cache_dir = Path(cache_dir) if cache_dir else None

@@ -3,23 +3,11 @@ that count (assistant tokens), so batches with more padding do not weigh less.""
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 def feature_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """SmoothL1 between predicted and true features, mean over the hidden dim: [N]."""
     return F.smooth_l1_loss(predicted.float(), target.float(), reduction="none").mean(-1)
-
-
-def soft_cross_entropy(log_q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """-sum_x p(x) log q(x) against the verifier's full distribution: [N]."""
-    return -(p * log_q).sum(-1)
-
-
-def topk_distillation(log_q: torch.Tensor, p: torch.Tensor, k: int) -> torch.Tensor:
-    """HASS top-K loss, -sum over the verifier's top-K tokens of p_k log q_k: [N]."""
-    top_p, top_index = p.topk(k, dim=-1)
-    return -(top_p * log_q.gather(-1, top_index)).sum(-1)
 
 
 def vocab_losses(
@@ -38,48 +26,69 @@ def vocab_losses(
     no-grad accuracies `acc_top1` and `acc_top{accuracy_topk}` (p's argmax within q's top-k).
 
     At Llama-3's V = 128,256 a full [N, V] float32 tensor for an 8 x 2,048-token batch is 8 GB, and
-    softmax, log-softmax and their gradients need several. So positions go in chunks of
-    `chunk_size` (None: one chunk), each under activation checkpointing: forward keeps only each
-    chunk's scalar sums, backward recomputes one chunk's [chunk, V] tensors at a time, and peak extra
-    memory is O(chunk_size x V) whatever N is. Logits are taken in the head's dtype and turned to
-    float32 for (log-)softmax, as an unchunked `lm_head(x).float()` would.
+    softmax, log-softmax and their gradients need several. So positions go in chunks of `chunk_size`
+    (None: one chunk) and each chunk's gradient w.r.t. its features is formed right away from the
+    closed form (d/dz of -sum_x w_x log q_x is q * sum(w) - w), then the chunk's [chunk, V] tensors
+    are dropped: peak extra memory is O(chunk_size x V) whatever N is, and backward is a scale of the
+    stored [N, H] gradients instead of a second pass over the vocabulary. Logits are taken in the
+    head's dtype and turned to float32 for (log-)softmax, as an unchunked `lm_head(x).float()` would.
     """
     n = predicted.shape[0]
     step = max(1, n if chunk_size is None else chunk_size)
-    sums: dict[str, torch.Tensor] = {}
-    # At least one (possibly empty) chunk, so N == 0 gives zeros that still backpropagate.
-    for start in range(0, max(n, 1), step):
-        # Nothing inside is random, so there is no RNG state to stash for the recomputation.
-        chunk = checkpoint(
-            _chunk_sums,
-            predicted[start : start + step],
-            target[start : start + step],
-            head_weight,
-            topk,
-            accuracy_topk,
-            use_reentrant=False,
-            preserve_rng_state=False,
-        )
-        sums = {name: sums.get(name, 0) + value for name, value in chunk.items()}
+    names = ["prob_loss", *(["topk_loss"] if topk > 0 else [])]
+    terms = _ChunkedVocabLoss.apply(predicted, target, head_weight, topk, accuracy_topk, step)
+    sums = dict(zip([*names, "acc_top1", f"acc_top{accuracy_topk}"], terms))
     return {name: total / max(n, 1) for name, total in sums.items()}
 
 
-def _chunk_sums(
-    predicted: torch.Tensor, target: torch.Tensor, head_weight: torch.Tensor, topk: int, accuracy_topk: int
-) -> dict[str, torch.Tensor]:
-    """One chunk's sums of the terms `vocab_losses` averages."""
-    with torch.no_grad():
-        p = F.softmax(F.linear(target.to(head_weight.dtype), head_weight).float(), dim=-1)
+class _ChunkedVocabLoss(torch.autograd.Function):
+    """Sums of the loss terms and accuracies; the gradients of the loss terms w.r.t. `predicted` are
+    computed in forward, chunk by chunk, and only [N, H] of them is kept."""
+
+    @staticmethod
+    def forward(ctx, predicted: torch.Tensor, target: torch.Tensor, head_weight: torch.Tensor, topk: int, accuracy_topk: int,
+                step: int) -> tuple[torch.Tensor, ...]:
+        want_grad = ctx.needs_input_grad[0]
+        terms = 2 if topk > 0 else 1
+        sums = torch.zeros(terms + 2, dtype=torch.float32, device=predicted.device)
+        grads = torch.zeros(terms, *predicted.shape, dtype=torch.float32, device=predicted.device) if want_grad else None
+        for start in range(0, predicted.shape[0], step):
+            rows = slice(start, start + step)
+            # One call per chunk: its [chunk, V] temporaries are freed before the next chunk allocates its own.
+            sums += _chunk(predicted[rows], target[rows], head_weight, topk, accuracy_topk, grads[:, rows] if want_grad else None)
+        if want_grad:
+            ctx.save_for_backward(grads)
+        ctx.input_dtype = predicted.dtype
+        outputs = tuple(total.clone() for total in sums)
+        ctx.mark_non_differentiable(*outputs[terms:])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grads,) = ctx.saved_tensors
+        grad = sum(g * grad_output for g, grad_output in zip(grads, grad_outputs))
+        return grad.to(ctx.input_dtype), None, None, None, None, None
+
+
+def _chunk(predicted: torch.Tensor, target: torch.Tensor, head_weight: torch.Tensor, topk: int, accuracy_topk: int,
+           grads: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's sums [soft CE, (top-K), top-1 hits, top-k hits]; writes the loss terms' feature
+    gradients into `grads` [terms, chunk, H] when given."""
+    p = F.softmax(F.linear(target.to(head_weight.dtype), head_weight).float(), dim=-1)
     log_q = F.log_softmax(F.linear(predicted.to(head_weight.dtype), head_weight).float(), dim=-1)
-    sums = {"prob_loss": soft_cross_entropy(log_q, p).sum()}
+    weights = [p]  # each loss term is -sum_x w_x log q_x
     if topk > 0:
-        sums["topk_loss"] = topk_distillation(log_q, p, topk).sum()
-    with torch.no_grad():
-        verifier_top1 = p.argmax(-1, keepdim=True)
-        sums["acc_top1"] = (log_q.argmax(-1, keepdim=True) == verifier_top1).sum().float()
-        top_hits = (log_q.topk(accuracy_topk, dim=-1).indices == verifier_top1).any(-1)
-        sums[f"acc_top{accuracy_topk}"] = top_hits.sum().float()
-    return sums
+        top_p, top_index = p.topk(topk, dim=-1)
+        weights.append(torch.zeros_like(p).scatter_(-1, top_index, top_p))
+    verifier_top1 = p.argmax(-1, keepdim=True)
+    hits = [(log_q.argmax(-1, keepdim=True) == verifier_top1).sum(), (log_q.topk(accuracy_topk, dim=-1).indices == verifier_top1).any(-1).sum()]
+    losses = [-(w * log_q).sum() for w in weights]
+    if grads is not None:
+        q = log_q.exp_()
+        for index, w in enumerate(weights):
+            dz = q * w.sum(-1, keepdim=True) - w  # d/dz of -sum_x w_x log softmax(z)_x
+            grads[index] = (dz.to(head_weight.dtype) @ head_weight).float()
+    return torch.stack([*losses, *hits]).float()
 
 
 def alignment_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
