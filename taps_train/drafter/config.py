@@ -1,13 +1,17 @@
 """The drafter's config: a one-layer `LlamaConfig` derived from whatever verifier it serves.
 
 Any HF causal LM verifier works: we read its hidden size, heads, RoPE and vocabulary under the names
-most architectures use. A Llama config is also what serving engines expect in an EAGLE checkpoint.
+most architectures use. A Llama config is also what serving engines expect in an EAGLE checkpoint, so
+the drafter stays a Llama layer whatever the verifier's family: it takes the verifier's sizes (those
+its features, embedding and LM head impose) but not its architecture quirks (Gemma's GELU MLP,
+attention scalars, softcapping, per-layer-type RoPE).
 """
 
 from transformers import LlamaConfig, PretrainedConfig
 
 
 def drafter_config(verifier_config: PretrainedConfig, fc_bias: bool = False) -> LlamaConfig:
+    verifier_config = verifier_config.get_text_config(decoder=True)  # multimodal wrappers nest the LM's config
     hidden = verifier_config.hidden_size
     heads = verifier_config.num_attention_heads
     config = LlamaConfig(
@@ -18,10 +22,12 @@ def drafter_config(verifier_config: PretrainedConfig, fc_bias: bool = False) -> 
         num_attention_heads=heads,
         num_key_value_heads=getattr(verifier_config, "num_key_value_heads", None) or heads,
         head_dim=getattr(verifier_config, "head_dim", None) or hidden // heads,
-        hidden_act=getattr(verifier_config, "hidden_act", "silu"),
+        # SiLU whatever the verifier uses: the drafter is a fresh network, and the EAGLE Llama layer
+        # of SGLang and vLLM implements no other activation.
+        hidden_act="silu",
         max_position_embeddings=getattr(verifier_config, "max_position_embeddings", 4096),
         rms_norm_eps=getattr(verifier_config, "rms_norm_eps", 1e-6),
-        rope_parameters=getattr(verifier_config, "rope_parameters", None),
+        rope_parameters=global_rope_parameters(verifier_config),
         tie_word_embeddings=False,
         bos_token_id=getattr(verifier_config, "bos_token_id", None),
         eos_token_id=getattr(verifier_config, "eos_token_id", None),
@@ -30,3 +36,13 @@ def drafter_config(verifier_config: PretrainedConfig, fc_bias: bool = False) -> 
     config.architectures = ["LlamaForCausalLMEagle"]
     config.fc_bias = fc_bias
     return config
+
+
+def global_rope_parameters(verifier_config: PretrainedConfig) -> dict | None:
+    """The RoPE of the verifier's full-attention layers. Models with per-layer-type RoPE (Gemma-3:
+    local layers at base 1e4, global ones at 1e6 and possibly scaled) nest it by layer type; the drafter
+    attends over the whole context like the global layers, so it takes theirs."""
+    rope = getattr(verifier_config, "rope_parameters", None)
+    if rope and all(isinstance(value, dict) for value in rope.values()):
+        return dict(rope.get("full_attention") or next(iter(rope.values())))
+    return rope

@@ -1,41 +1,96 @@
 """The verifier side of a round: a KV cache over the committed prefix, one forward pass over a packed
-tree (4-D ancestor mask, depth-based positions), and compaction of the cache to the accepted path."""
+tree (4-D ancestor mask, depth-based positions), and compaction of the cache to the accepted path.
+
+Masks are additive floats (0 = attend, the dtype's minimum = blocked): transformers hands a 4-D mask
+to the attention function unchanged, and eager attention *adds* it to the scores, so a boolean mask
+would block nothing there; sdpa takes either form.
+
+Every layer keeps the keys of the whole prefix, sliding-window layers included: the window is applied
+by the mask, by *position* (tree nodes sit at prefix length + depth, not at their index in the packed
+tree), so compacting the cache to the accepted path is one index select on every layer alike.
+"""
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import get_layer_types_and_kwargs
 
+from taps_train.errors import TapsError
 from taps_train.spec.tree import PackedTree
+
+# Flash kernels take only padding masks, so no tree mask can reach them; flex_attention would add the
+# float mask like eager does, but is unchecked (it aborts on CPU with torch 2.13).
+TREE_MASK_ATTENTION = ("eager", "sdpa")
+
+
+def layer_windows(config: PretrainedConfig) -> dict[str, int | None]:
+    """Attention window per layer type (None: the whole prefix), keyed as the models' mask mappings are."""
+    windows: dict[str, set[int | None]] = {}
+    for layer_type, kwargs in zip(*get_layer_types_and_kwargs(config)):
+        if layer_type == "full_attention":
+            window = None
+        elif layer_type == "sliding_attention":
+            window = kwargs["sliding_window"]
+        else:
+            raise TapsError(f"verifier layer type {layer_type!r} cannot verify a draft tree; "
+                            "only full_attention and sliding_attention layers can")
+        windows.setdefault(layer_type, set()).add(window)
+    if any(len(sizes) > 1 for sizes in windows.values()):
+        raise TapsError(f"verifier layers of one type have different sliding windows ({windows}); tree verification needs one per type")
+    return {layer_type: sizes.pop() for layer_type, sizes in windows.items()}
 
 
 class VerifierSession:
+    """One generation's verifier state: the cache holds exactly the committed tokens between calls."""
+
     def __init__(self, model: PreTrainedModel):
+        config = model.config.get_text_config(decoder=True)
+        if config._attn_implementation not in TREE_MASK_ATTENTION:
+            raise TapsError(f"verifier attention {config._attn_implementation!r} cannot apply a tree mask; "
+                            f"load the verifier with attn_implementation one of {', '.join(TREE_MASK_ATTENTION)}")
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.windows = layer_windows(config)
+        self.cache = DynamicCache()  # no config: full-length layers everywhere, windows live in the masks
         self.length = 0
-        self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self.max_length = getattr(config, "max_position_embeddings", None)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def attention_mask(self, query_positions: torch.Tensor, key_positions: torch.Tensor,
+                       allowed: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive [1, 1, q, k] mask from `allowed` [q, k] (structure: causal or tree) cut to each
+        layer type's window by position; one tensor when all layers share a type, else a dict keyed by
+        layer type (the form transformers 5 models with mixed layers take)."""
+        dtype = self.model.dtype
+        masks = {}
+        for layer_type, window in self.windows.items():
+            visible = allowed if window is None else allowed & (query_positions[:, None] - key_positions[None, :] < window)
+            blocked = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+            masks[layer_type] = blocked.to(self.device)[None, None]
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the prompt [n]; returns logits [n, V] and post-norm last hidden states [n, H]."""
-        out = self.model(input_ids=ids.to(self.device)[None], cache=self.cache, use_cache=True, output_hidden_states=True)
-        self.length = len(ids)
+        """Run the prompt [n] into an empty cache; returns logits [n, V] and post-norm last hidden states [n, H]."""
+        n = len(ids)
+        positions = torch.arange(n)
+        mask = self.attention_mask(positions, positions, torch.ones(n, n, dtype=torch.bool).tril())
+        out = self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None], attention_mask=mask,
+                         cache=self.cache, use_cache=True, output_hidden_states=True)
+        self.length = n
         return out.logits[0].float(), out.hidden_states[-1][0].float()
 
     @torch.no_grad()
     def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and hidden states of every tree node, one verifier call."""
         n = len(packed.input_ids)
-        mask = torch.ones(n, self.length + n, dtype=torch.bool)
-        mask[:, self.length :] = packed.tree_mask
-        device = self.device
+        allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
+        key_positions = torch.cat([torch.arange(self.length), packed.position_ids])
         out = self.model(
-            input_ids=packed.input_ids.to(device)[None],
-            position_ids=packed.position_ids.to(device)[None],
-            attention_mask=mask.to(device)[None, None],
+            input_ids=packed.input_ids.to(self.device)[None],
+            position_ids=packed.position_ids.to(self.device)[None],
+            attention_mask=self.attention_mask(packed.position_ids, key_positions, allowed),
             cache=self.cache,
             use_cache=True,
             output_hidden_states=True,
@@ -44,8 +99,8 @@ class VerifierSession:
 
     def commit(self, path: list[int]) -> None:
         """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)]).to(self.device)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
+        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)])
+        for layer in self.cache.layers:  # layers may sit on several devices (a sharded verifier)
+            layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
+            layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
         self.length += len(path)
