@@ -38,7 +38,7 @@ from taps_train.data.feature_cache import CacheSettings, verifier_features
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.training import HassModule
-from taps_train.verifier.standin import MANIFEST, build_standin
+from taps_train.verifier.standin import LLAMA3_VOCAB, MANIFEST, build_standin
 
 PROMPT = 8  # leading tokens of each synthetic row outside the loss, as a prompt would be
 MB, GB = 1e6, 1e9
@@ -167,7 +167,7 @@ def step_memory(path: Path, label: str, positions: int, row_positions: int, chun
         return large["growth"] + slope * (count - large["positions"])
 
     print(f"\n2. one HASS step (3 alignment steps, forward + backward), stand-in {label}, parts in float32; "
-          f"one [{positions:,}, 128,256] float32 tensor is {positions * 128_256 * 4 / GB:.1f} GB")
+          f"one [{positions:,}, {LLAMA3_VOCAB:,}] float32 tensor is {positions * LLAMA3_VOCAB * 4 / GB:.1f} GB")
     unchunked = [measure(positions // 16, None), measure(positions // 4, None)]
     for count in (positions // 2, positions):
         if count > unchunked_max or predicted(count) > max_bytes:
@@ -182,6 +182,13 @@ def step_memory(path: Path, label: str, positions: int, row_positions: int, chun
         how = (f"EXTRAPOLATED (not run: over --unchunked-max {unchunked_max:,} or --max-gb {max_bytes / GB:g}), "
                f"linear through the unchunked steps at {unchunked[-2]['positions']:,} and {same['positions']:,} positions")
     print(f"   unchunked at {positions:,} positions: {full / MB:,.0f} MB, {how}")
+    small, large = unchunked[-2:]
+    per_position = (large["growth"] - small["growth"]) / (large["positions"] - small["positions"])
+    print(f"   unchunked growth per position: {per_position / MB:.2f} MB, as {per_position / (4 * LLAMA3_VOCAB):.1f} float32 [{LLAMA3_VOCAB:,}] "
+          f"rows (the drafter's own activations included)")
+    if at_full is not at_same:
+        print(f"   chunked {positions:,} / chunked {same['positions']:,} positions: {at_full['growth'] / at_same['growth']:.2f}  "
+              f"(the vocabulary terms are bounded by the chunk; the drafter's own activations grow with positions x hidden)")
     print(f"   peak ratio unchunked / chunked at {same['positions']:,} positions (both measured): {same['growth'] / at_same['growth']:.2f}")
     print(f"   peak ratio unchunked / chunked at {positions:,} positions: {full / at_full['growth']:.2f}  (target >= 4)")
     print(f"   step time chunked / unchunked at {same['positions']:,} positions: {at_same['seconds'] / same['seconds']:.2f}  (one run each: noisy)")

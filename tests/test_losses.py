@@ -46,7 +46,7 @@ def test_soft_cross_entropy_with_a_one_hot_verifier_is_cross_entropy():
     logits = torch.randn(5, 11)
     target = torch.randint(0, 11, (5,))
     one_hot_logits = 200.0 * F.one_hot(target, 11).float()  # softmax is one-hot to float precision
-    terms = vocab_losses(logits, one_hot_logits, torch.eye(11), chunk_size=2)
+    _, terms = vocab_losses(logits, one_hot_logits, torch.eye(11), chunk_size=2)
     torch.testing.assert_close(terms["prob_loss"], F.cross_entropy(logits, target))
 
 
@@ -54,7 +54,7 @@ def test_topk_distillation_sums_over_the_verifiers_top_tokens_only():
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
     expected = -(0.5 * q[0, 0].log() + 0.3 * q[0, 1].log())
-    terms = vocab_losses(q.log(), p.log(), torch.eye(4), topk=2, accuracy_topk=1)
+    _, terms = vocab_losses(q.log(), p.log(), torch.eye(4), topk_weight=1.0, topk=2, accuracy_topk=1)
     torch.testing.assert_close(terms["topk_loss"], expected)
     assert terms["acc_top1"] == 0.0  # the drafter's argmax (3) is not the verifier's (0)
 

@@ -161,15 +161,10 @@ class Eagle2Module(LightningModule):
     def _loss(self, predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Weighted loss and its logged terms; the vocabulary-sized terms run in chunks of positions."""
         h = self.hparams
-        terms = {
-            "feature_loss": feature_loss(predicted, target).mean(),
-            **vocab_losses(predicted, target, self.drafter.lm_head.weight, topk=h.topk if h.topk_weight > 0 else 0,
-                           accuracy_topk=h.accuracy_topk, chunk_size=h.loss_chunk_size),
-        }
-        loss = h.feature_weight * terms["feature_loss"] + h.prob_weight * terms["prob_loss"]
-        if h.topk_weight > 0:
-            loss = loss + h.topk_weight * terms["topk_loss"]
-        return loss, terms
+        features = feature_loss(predicted, target).mean()
+        vocab, terms = vocab_losses(predicted, target, self.drafter.lm_head.weight, h.prob_weight, h.topk_weight, h.topk,
+                                    h.accuracy_topk, h.loss_chunk_size)
+        return h.feature_weight * features + vocab, {"feature_loss": features, **terms}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, logs = self.step_losses(batch, train=True)
