@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from taps_train.data.feature_cache import CacheSettings, verifier_features
+from taps_train.data.feature_cache import CacheSettings, FeatureCache, verifier_features
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.training import HassModule
@@ -151,6 +151,12 @@ def construction_memory(path: Path, parameters: int, label: str, threads: int | 
           f"excess over them {(got['touched'] - needed) / MB:,.1f} MB  (target: a small constant)")
 
 
+def growth_per_position(steps: list[dict]) -> float:
+    """Slope of peak growth over positions between the last two steps."""
+    small, large = steps[-2:]
+    return (large["growth"] - small["growth"]) / (large["positions"] - small["positions"])
+
+
 def step_memory(path: Path, label: str, positions: int, row_positions: int, chunk_size: int, unchunked_max: int, max_bytes: float,
                 threads: int | None) -> None:
     def measure(count: int, chunk: int | None) -> dict:
@@ -161,10 +167,8 @@ def step_memory(path: Path, label: str, positions: int, row_positions: int, chun
         return got
 
     def predicted(count: int) -> float:
-        """Linear through the two largest unchunked steps measured so far."""
-        small, large = unchunked[-2:]
-        slope = (large["growth"] - small["growth"]) / (large["positions"] - small["positions"])
-        return large["growth"] + slope * (count - large["positions"])
+        """On the line through the two largest unchunked steps measured so far."""
+        return unchunked[-1]["growth"] + growth_per_position(unchunked) * (count - unchunked[-1]["positions"])
 
     print(f"\n2. one HASS step (3 alignment steps, forward + backward), stand-in {label}, parts in float32; "
           f"one [{positions:,}, {LLAMA3_VOCAB:,}] float32 tensor is {positions * LLAMA3_VOCAB * 4 / GB:.1f} GB")
@@ -182,8 +186,7 @@ def step_memory(path: Path, label: str, positions: int, row_positions: int, chun
         how = (f"EXTRAPOLATED (not run: over --unchunked-max {unchunked_max:,} or --max-gb {max_bytes / GB:g}), "
                f"linear through the unchunked steps at {unchunked[-2]['positions']:,} and {same['positions']:,} positions")
     print(f"   unchunked at {positions:,} positions: {full / MB:,.0f} MB, {how}")
-    small, large = unchunked[-2:]
-    per_position = (large["growth"] - small["growth"]) / (large["positions"] - small["positions"])
+    per_position = growth_per_position(unchunked)
     print(f"   unchunked growth per position: {per_position / MB:.2f} MB, as {per_position / (4 * LLAMA3_VOCAB):.1f} float32 [{LLAMA3_VOCAB:,}] "
           f"rows (the drafter's own activations included)")
     if at_full is not at_same:
@@ -195,6 +198,7 @@ def step_memory(path: Path, label: str, positions: int, row_positions: int, chun
 
 
 def cache_dtypes(path: Path, label: str, work: Path, samples: int) -> None:
+    """Builds from scratch with the verifier in each dtype; only the build is timed."""
     recipe_file = work / "bench_recipe.yaml"
     recipe_file.write_text(f"name: bench_memory\nseed: 0\nmax_length: 256\nsources:\n"
                            f"  - source: gsm_symbolic\n    args: {{size: {samples + samples // 4}, seed: 1}}\n    count: {samples}\n")
@@ -215,16 +219,21 @@ def cache_dtypes(path: Path, label: str, work: Path, samples: int) -> None:
         speeds[dtype] = tokens / seconds
         print(f"   verifier in {dtype:8s}: {tokens:,} tokens in {seconds:5.1f} s = {speeds[dtype]:8,.0f} tok/s")
     print(f"   throughput bf16 / fp32: {speeds['bfloat16'] / speeds['float32']:.3f}")
+    feature_difference(caches["bfloat16"], caches["float32"])
+
+
+def feature_difference(tested: FeatureCache, reference: FeatureCache) -> None:
+    """Largest and mean absolute difference of the stored features, against the reference's scale."""
     largest = total = squares = scale = 0.0
     count = 0
-    for position in range(len(caches["float32"])):
-        reference = caches["float32"][position]["features"]
-        difference = (caches["bfloat16"][position]["features"] - reference).abs()
+    for position in range(len(reference)):
+        expected = reference[position]["features"]
+        difference = (tested[position]["features"] - expected).abs()
         largest = max(largest, difference.max().item())
         total += difference.sum().item()
-        squares += reference.square().sum().item()
-        scale = max(scale, reference.abs().max().item())
-        count += reference.numel()
+        squares += expected.square().sum().item()
+        scale = max(scale, expected.abs().max().item())
+        count += expected.numel()
     rms = (squares / count) ** 0.5
     print(f"   stored features, bf16 run vs fp32 run: max |diff| {largest:.4f}, mean |diff| {total / count:.5f}; "
           f"fp32 features: max |f| {scale:.3f}, RMS {rms:.3f}")

@@ -81,17 +81,18 @@ def _chunk(predicted: torch.Tensor, target: torch.Tensor, head_weight: torch.Ten
     gradient into `grad` [chunk, H] when given."""
     p = F.softmax(F.linear(target.to(head_weight.dtype), head_weight).float(), dim=-1)
     log_q = F.log_softmax(F.linear(predicted.to(head_weight.dtype), head_weight).float(), dim=-1)
-    sums = [-(p * log_q).sum()]
-    w = prob_weight * p  # the loss is -sum_x w_x log q_x
+    # Sums and in-place updates keep at most two [chunk, V] float32 tensors alive besides the logits being made.
+    sums = [-torch.dot(p.flatten(), log_q.flatten())]
+    verifier_top1 = p.argmax(-1, keepdim=True)
     if topk > 0:
         top_p, top_index = p.topk(topk, dim=-1)
         sums.append(-(top_p * log_q.gather(-1, top_index)).sum())
-        w.scatter_add_(-1, top_index, topk_weight * top_p)
-    verifier_top1 = p.argmax(-1, keepdim=True)
     sums.append((log_q.argmax(-1, keepdim=True) == verifier_top1).sum().float())
     sums.append((log_q.topk(accuracy_topk, dim=-1).indices == verifier_top1).any(-1).sum().float())
     if grad is not None:
-        del p
+        w = p.mul_(prob_weight)  # the weighted loss is -sum_x w_x log q_x
+        if topk > 0:
+            w.scatter_add_(-1, top_index, topk_weight * top_p)
         dz = log_q.exp_().mul_(w.sum(-1, keepdim=True)).sub_(w)
         grad.copy_((dz.to(head_weight.dtype) @ head_weight).float())
     return sums
