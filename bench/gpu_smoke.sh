@@ -33,13 +33,13 @@ stage() {
   local sampler="" peak_file="$WORK/.peak_$name"
   : > "$peak_file"
   if [[ "$DEVICE" != cpu ]] && command -v nvidia-smi >/dev/null; then
-    (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd+ | bc >> "$peak_file"; sleep 0.2; done) &
+    (while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | awk '{s += $1} END {print s}' >> "$peak_file"; sleep 0.2; done) &
     sampler=$!
   fi
   local began; began=$(date +%s.%N)
   echo "=== $name: $*"
   "$@"
-  local seconds; seconds=$(echo "$(date +%s.%N) - $began" | bc)
+  local seconds; seconds=$(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')
   [[ -n "$sampler" ]] && kill "$sampler" 2>/dev/null || true
   local peak; peak=$(sort -n "$peak_file" | tail -1)
   printf '%-22s %8.1f s   peak GPU memory %s MiB\n' "$name" "$seconds" "${peak:-n/a}" | tee -a "$SUMMARY"
