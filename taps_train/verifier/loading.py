@@ -77,7 +77,7 @@ def read_verifier_files(name_or_path: str, revision: str | None = None, trust_re
     """Config and tokenizer of a verifier (a few MB), checked to be a causal LM."""
     path = resolve_verifier_path(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
-    config = _read_config(path, hub)
+    config = read_config(path, revision, trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     except (OSError, ValueError) as err:
@@ -109,7 +109,7 @@ def load_verifier(
     placement = resolve_placement(device, dtype)
     path = resolve_verifier_path(name_or_path)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
-    _read_config(path, hub)
+    read_config(path, revision, trust_remote_code)
     if Path(path).is_dir():
         check_safetensors_weights(Path(path))
     try:
@@ -121,13 +121,14 @@ def load_verifier(
     return LoadedVerifier(name=name_or_path, path=path, model=model, tokenizer=tokenizer, placement=placement)
 
 
-def _read_config(path: str, hub: dict) -> PretrainedConfig:
+def read_config(path: str, revision: str | None = None, trust_remote_code: bool = False) -> PretrainedConfig:
+    """A verifier's config, checked to be a causal LM's."""
     try:
-        config = AutoConfig.from_pretrained(path, **hub)
+        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise TapsError(f"cannot read the config of verifier {path}: {_first_line(err)}; check the id/path (hub access needs network and HF_TOKEN for gated models)") from err
     is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
-        hub["trust_remote_code"] and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
+        trust_remote_code and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
     )
     if not is_causal:
         raise TapsError(f"verifier {path} is a '{config.model_type}' model without a causal-LM head; pass a decoder-only LM (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")

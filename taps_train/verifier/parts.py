@@ -26,10 +26,10 @@ import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
 from safetensors import SafetensorError, safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from taps_train.errors import TapsError
-from taps_train.verifier.loading import check_safetensors_weights, resolve_verifier_path
+from taps_train.verifier.loading import check_safetensors_weights, read_config, resolve_verifier_path
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -98,7 +98,7 @@ def read_verifier_parts(
     if local:
         check_safetensors_weights(Path(path))  # refuses pickles, naming the file and the conversion
     if config is None:
-        config = _config(path, revision, trust_remote_code)
+        config = read_config(path, revision, trust_remote_code)
     embedding, head, tied, embed_scale = _inspect_architecture(config, path, trust_remote_code)
 
     fetch = (lambda name: _local_file(Path(path), name)) if local else (lambda name: _hub_file(path, name, revision))
@@ -129,13 +129,6 @@ def read_verifier_parts(
         source=path,
         tensors_read=reads,
     )
-
-
-def _config(path: str, revision: str | None, trust_remote_code: bool) -> PretrainedConfig:
-    try:
-        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise TapsError(f"cannot read the config of verifier {path}: {_first_line(err)}; check the id/path (hub access needs network, HF_TOKEN for gated models)") from err
 
 
 def _inspect_architecture(config: PretrainedConfig, path: str, trust_remote_code: bool) -> tuple[_Wanted, _Wanted, bool, float]:
