@@ -101,3 +101,17 @@ def test_bad_placement_is_one_line_before_any_work(command, argv, message, recip
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_tied_verifier_parts_stay_one_tensor_through_the_precision_cast(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from taps_train.drafter import Drafter, drafter_config
+
+    verifier = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, tie_word_embeddings=True))
+    drafter = Drafter(drafter_config(verifier.config))
+    drafter.load_verifier_parts(verifier)
+    drafter.cast_verifier_parts(torch.bfloat16)
+    assert drafter.embed_tokens.weight is drafter.lm_head.weight and drafter.lm_head.weight.dtype == torch.bfloat16
+    assert len([p for p in drafter.parameters() if not p.requires_grad]) == 1

@@ -117,7 +117,8 @@ class Drafter(nn.Module):
             if tuple(tensor.shape) != expected:
                 raise TapsError(f"verifier {name} has shape {tuple(tensor.shape)}, the drafter config needs {expected}")
         self.embed_tokens.weight = nn.Parameter(embedding.detach(), requires_grad=False)
-        self.lm_head.weight = nn.Parameter(lm_head.detach(), requires_grad=False)
+        tied = lm_head is embedding  # one parameter, so a cast keeps one copy
+        self.lm_head.weight = self.embed_tokens.weight if tied else nn.Parameter(lm_head.detach(), requires_grad=False)
 
     def load_verifier_parts(self, verifier: nn.Module) -> None:
         """Share a loaded verifier's input embedding and LM head."""
