@@ -303,8 +303,8 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
                       "ignores fc.bias, so its drafts would differ from taps-train's; serve it with SGLang (--format eagle) "
                       "or check that your vLLM version loads fc.bias", stacklevel=3)
     if include_embeddings:
-        embedding, _ = verifier.read_parts(dtype=torch_dtype)
-        tensors["embed_tokens.weight"] = embedding.contiguous()
+        embedding, _ = verifier.read_parts()  # the head stays unread on disk
+        tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
     check_tensors(tensors, expected_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
     _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})

@@ -65,11 +65,12 @@ class VerifierFiles:
     tokenizer: PreTrainedTokenizerBase
     revision: str | None = None
 
-    def read_parts(self, dtype: torch.dtype | None = None, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """(input embedding [V, H], LM head [V, H]); the file's dtype unless `dtype` is given."""
+    def read_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input embedding [V, H], LM head [V, H]) in the file's dtype, memory-mapped: pages are read
+        only when a tensor is used."""
         from taps_train.verifier.parts import read_verifier_parts
 
-        parts = read_verifier_parts(self.path, config=self.config, dtype=dtype, device=device, revision=self.revision)
+        parts = read_verifier_parts(self.path, config=self.config, revision=self.revision)
         return parts.embedding, parts.lm_head
 
 

@@ -31,10 +31,6 @@ class Placement:
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
-    @property
-    def on_cuda(self) -> bool:
-        return self.device == AUTO_SHARD or self.device.startswith("cuda")
-
     def from_pretrained_kwargs(self) -> dict:
         """`dtype` and `device_map` for `from_pretrained`: weights load straight onto the device(s)."""
         return {"dtype": self.dtype, "device_map": "auto" if self.device == AUTO_SHARD else {"": self.device}}
