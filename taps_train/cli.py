@@ -92,7 +92,9 @@ def run_cache_command(args: list[str]) -> None:
 
     parser = argparse.ArgumentParser(
         prog="taps-train cache",
-        description="Build (resume, or extend) the verifier feature caches of a data recipe's sources; a second call is a no-op.",
+        description="Build (resume, or extend) the verifier feature caches of a data recipe's sources; a second call is a no-op. "
+        "Under `torchrun --nproc_per_node N -m taps_train cache ...` the N processes split the shards (each on its own GPU); "
+        "across nodes the cache dir must be on a filesystem all nodes share.",
     )
     parser.add_argument("--recipe", required=True, help="a data recipe YAML (see data_recipes/)")
     parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local model directory, or a hub id")
@@ -184,26 +186,35 @@ def run_report_command(args: list[str]) -> None:
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool, verify: bool) -> None:
+    """Under torchrun (WORLD_SIZE > 1) every rank builds its share of the shards, each on its own device; rank 0 alone prints."""
+    from taps_train.data.distributed import launched_ranks, pinned_device
     from taps_train.data.feature_cache import CacheSettings
     from taps_train.data.prepare import RecipePreparer
     from taps_train.data.recipe import load_recipe
 
-    preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype), device, verifier_dtype)
-    print(f"verifier computes on {preparer.placement.device} in {preparer.placement.dtype_name}; features stored as {dtype}")
-    for selected in preparer.selected:
-        print(f"{selected.selection.source}: {selected.report.summary()}; {selected.duplicates} duplicates dropped")
-    sources = preparer.sources(regenerate=not dry_run)
-    rows = preparer.estimate(sources)
-    for row in rows:
-        print(f"{row['source']}: {row['samples']} samples, {row['tokens']:,} tokens ({row['assistant_tokens']:,} in the loss), "
-              f"{row['new_bytes'] / 1e6:,.1f} MB to write -> {row['cache']}")
-    print(f"total: {sum(r['tokens'] for r in rows):,} tokens, {sum(r['new_bytes'] for r in rows) / 1e6:,.1f} MB to write ({dtype})")
-    if dry_run:
-        return
-    for built in preparer.build(sources):
-        if verify:
-            built.verify()
-        print(f"ready: {built.directory} ({len(built)} samples)")
+    with launched_ranks() as ranks:
+        if ranks.world > 1 and pinned_device(device):
+            raise TapsError(f"--device {device} puts every rank's verifier on the same GPU(s); under torchrun use --device auto "
+                            "(each rank on cuda:LOCAL_RANK) or cpu, or run one process without torchrun")
+        say = print if ranks.rank == 0 else lambda *args: None
+        preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype), device, verifier_dtype)
+        say(f"verifier computes on {preparer.placement.device} in {preparer.placement.dtype_name}; features stored as {dtype}")
+        if ranks.world > 1:
+            say(f"{ranks.world} ranks share the build: shard i of the recipe is built by rank i % {ranks.world}, on that rank's device")
+        for selected in preparer.selected:
+            say(f"{selected.selection.source}: {selected.report.summary()}; {selected.duplicates} duplicates dropped")
+        sources = ranks.rank_zero_first(lambda: preparer.sources(regenerate=not dry_run))
+        rows = preparer.estimate(sources)
+        for row in rows:
+            say(f"{row['source']}: {row['samples']} samples, {row['tokens']:,} tokens ({row['assistant_tokens']:,} in the loss), "
+                f"{row['new_bytes'] / 1e6:,.1f} MB to write -> {row['cache']}")
+        say(f"total: {sum(r['tokens'] for r in rows):,} tokens, {sum(r['new_bytes'] for r in rows) / 1e6:,.1f} MB to write ({dtype})")
+        if dry_run:
+            return
+        for built in preparer.build(sources, ranks):
+            if verify and ranks.rank == 0:
+                built.verify()
+            say(f"ready: {built.directory} ({len(built)} samples)")
 
 
 def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = False) -> None:

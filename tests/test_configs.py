@@ -21,7 +21,8 @@ MODULES = {"taps_train.training.HassModule": HassModule, "taps_train.training.Ea
 def test_configs_exist():
     names = {p.relative_to(ROOT / "configs").as_posix() for p in FULL_CONFIGS}
     assert "hass_mixed_35k.yaml" in names and "tiny/hass_mixed.yaml" in names and "tiny/eagle2_mixed.yaml" in names
-    assert len(names) == 16  # 8 paper-scale (EAGLE-2, HASS x 4 recipes) + 8 tiny (one of them logging to W&B)
+    # 16 paper-scale (4 recipes x EAGLE-2, HASS, HASS stage 1, HASS stage 2) + 8 tiny (one of them logging to W&B)
+    assert len(names) == 24
 
 
 def print_config(capsys, *configs: Path) -> dict:
@@ -30,7 +31,8 @@ def print_config(capsys, *configs: Path) -> dict:
         main(args)
     captured = capsys.readouterr()
     assert exit_info.value.code in (0, None), captured.err
-    return yaml.safe_load(captured.out)
+    # DeepSpeed logs "[<time>] [WARNING] ..." to stdout the first time a config in this process names its strategy.
+    return yaml.safe_load("\n".join(line for line in captured.out.splitlines() if not line.startswith("[")))
 
 
 @pytest.mark.parametrize("config", FULL_CONFIGS, ids=lambda p: p.relative_to(ROOT / "configs").as_posix())
@@ -43,18 +45,33 @@ def test_config_validates_with_lightning_cli(config, capsys):
 @pytest.mark.parametrize("override", OVERRIDES, ids=lambda p: p.name)
 def test_override_configs_validate_on_top_of_a_paper_config(override, capsys):
     resolved = print_config(capsys, ROOT / "configs" / "hass_mixed_35k.yaml", override)
-    assert resolved["trainer"]["strategy"]["init_args"]["stage"] == 3
+    assert f"zero{resolved['trainer']['strategy']['init_args']['stage']}" in override.name
+    assert resolved["trainer"]["gradient_clip_algorithm"] == "norm"  # DeepSpeed cannot clip values
 
 
 @pytest.mark.parametrize("config", FULL_CONFIGS, ids=lambda p: p.relative_to(ROOT / "configs").as_posix())
 def test_config_model_and_data_instantiate(config, random_verifier_dir):
     raw = yaml.safe_load(config.read_text())
     model_args = {**raw["model"].get("init_args", {}), "verifier": str(random_verifier_dir)}
+    model_args.pop("init_from", None)  # HASS stage 2 warm-starts from a stage-1 run that does not exist here
     module = MODULES[raw["model"]["class_path"]](**model_args)
     assert module.drafter.config.hidden_size == 32
     data_args = {**raw["data"]["init_args"], "verifier": str(random_verifier_dir)}
     data_args["recipe"] = str(ROOT / data_args["recipe"])
     assert DrafterDataModule(**data_args).recipe.sources
+
+
+@pytest.mark.parametrize("stage2", sorted((ROOT / "configs").glob("hass_*_stage2.yaml")), ids=lambda p: p.name)
+def test_hass_stage2_warm_starts_from_its_stage1_run(stage2):
+    """HASS's reference recipe: stage 1 without top-K distillation, stage 2 with it at a lower rate from
+    stage 1's final weights (the `last.ckpt` its periodic checkpoint writes at the end of training)."""
+    stage1 = stage2.with_name(stage2.name.replace("stage2", "stage1"))
+    first, second = (yaml.safe_load(p.read_text()) for p in (stage1, stage2))
+    last_ckpt_dirs = [c["init_args"]["dirpath"] for c in first["trainer"]["callbacks"] if c["init_args"].get("save_last")]
+    assert second["model"]["init_args"]["init_from"] == f"{last_ckpt_dirs[0]}/last.ckpt"
+    assert first["model"]["init_args"]["topk_weight"] == 0 and second["model"]["init_args"]["topk_weight"] == 1
+    assert second["model"]["init_args"]["lr"] < first["model"]["init_args"]["lr"]
+    assert first["data"] == second["data"] and first["trainer"]["default_root_dir"] != second["trainer"]["default_root_dir"]
 
 
 def test_unknown_key_and_wrong_type_are_rejected(tmp_path, capsys):

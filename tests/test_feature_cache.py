@@ -2,7 +2,6 @@
 state), how compactly, and that builds are resumable, idempotent, checked, shared by mixtures and
 extensible."""
 
-import json
 import os
 import shutil
 from collections import namedtuple
@@ -17,9 +16,10 @@ from taps_train.data import feature_cache
 from taps_train.data.feature_cache import (
     CacheSettings,
     FeatureCache,
-    build_cache,
+    ShardWriter,
     bytes_per_token,
     length_batches,
+    shard_ranges,
 )
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
@@ -168,16 +168,27 @@ def test_killed_build_resumes_to_a_byte_identical_cache(tmp_path, data, random_v
     with pytest.raises(KeyboardInterrupt):
         build(recipe, random_verifier_dir, tmp_path / "resumed", shard_samples=4)
     directory = tmp_path / "resumed" / reference.directory.name
-    manifest = json.loads((directory / "manifest.json").read_text())
-    assert [s["file"] for s in manifest["shards"]] == ["shard-00000.safetensors"] and manifest["samples"] == 4
+    assert sorted(f.name for f in directory.iterdir()) == [".shard-00001.safetensors.999.tmp", "shard-00000.safetensors"]  # no manifest yet
 
     monkeypatch.setattr(feature_cache, "_write_shard", real_write)
     counter = ForwardCounter(monkeypatch)
     [resumed] = build(recipe, random_verifier_dir, tmp_path / "resumed", shard_samples=4)
-    assert counter.samples == 12 - 4  # only the missing shards ran through the verifier
+    assert counter.samples == 12 - 4  # the complete shard file is adopted; only the missing shards ran through the verifier
     assert resumed.directory == directory
-    assert shard_bytes(directory) == shard_bytes(reference.directory)
+    assert {f.name: f.read_bytes() for f in directory.iterdir()} == {f.name: f.read_bytes() for f in reference.directory.iterdir()}
     assert resumed.shards == reference.shards and len(resumed) == 12
+
+
+def test_a_shard_file_of_another_span_is_rebuilt_not_adopted(tmp_path, data, random_verifier_dir, monkeypatch):
+    recipe = write_recipe(tmp_path, "math", [(data["math"], 3, 9)])
+    [reference] = build(recipe, random_verifier_dir, tmp_path / "cache", shard_samples=4)
+    first = reference.directory / "shard-00000.safetensors"
+    (reference.directory / "manifest.json").unlink()
+    shutil.copy(reference.directory / "shard-00001.safetensors", first)  # complete, but covers positions 4:8
+    counter = ForwardCounter(monkeypatch)
+    [rebuilt] = build(recipe, random_verifier_dir, tmp_path / "cache", shard_samples=4)
+    assert counter.samples == 4
+    assert rebuilt.shards == reference.shards
 
 
 def test_second_build_is_a_no_op(tmp_path, data, random_verifier_dir, monkeypatch):
@@ -200,7 +211,8 @@ def test_a_cache_built_for_another_setup_is_refused(tmp_path, data, random_verif
         with pytest.raises(TapsError, match=f"built for a different setup \\(differs in: {field}\\); refusing"):
             FeatureCache(cache.directory, {**source.fingerprint, field: value})
         with pytest.raises(TapsError, match="refusing to use it"):
-            build_cache(p.verifier.model, source.samples, cache.directory, {**source.fingerprint, field: value}, CacheSettings(), 0)
+            writer = ShardWriter(lambda: p.verifier.model, HIDDEN, CacheSettings(), 0)
+            writer.fill(source.samples, cache.directory, {**source.fingerprint, field: value}, shard_ranges(len(source.samples), 1024))
 
 
 def test_fingerprint_follows_weights_and_chat_template(tmp_path, random_verifier_dir):

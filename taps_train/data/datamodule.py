@@ -1,11 +1,14 @@
 """`DrafterDataModule`: recipe -> (cached or online) samples -> length-bucketed batches.
 
-Offline mode (default) reads verifier features from the feature cache, built in `prepare_data` on
-first use. Online mode stores nothing: batches carry tokens only and the training step runs the
+Offline mode (default) reads verifier features from the feature cache, built on first use: in
+`prepare_data` by a single process, in `setup` by every rank of a multi-rank job, each its share of
+the shards (`prepare_data` runs on one process per node and would leave the other GPUs idle for the
+whole build). Online mode stores nothing: batches carry tokens only and the training step runs the
 frozen verifier, for recipes whose caches would not fit on disk. Validation uses the recipe's
 held-out samples, which training never sees.
 """
 
+import shlex
 from pathlib import Path
 
 import torch
@@ -14,9 +17,17 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset
 
 from taps_train.data.batching import BucketBatchSampler, pad_collate
 from taps_train.data.chat_format import TokenizedSample
+from taps_train.data.distributed import (
+    CacheNotShared,
+    Ranks,
+    build_ranks,
+    pinned_device,
+    several_ranks,
+)
 from taps_train.data.feature_cache import CacheSettings, FeatureCache
 from taps_train.data.prepare import PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
+from taps_train.errors import TapsError
 from taps_train.verifier.placement import resolve_placement
 
 
@@ -114,13 +125,15 @@ class DrafterDataModule(LightningDataModule):
         return self._recipe_preparer
 
     def prepare_data(self) -> None:
-        """Build missing feature caches (once per node, before `setup`); a no-op when cached."""
-        if not self.online:
+        """One process: build missing feature caches (before `setup`); a no-op when cached. Several ranks:
+        `setup` builds instead, every rank its share (Lightning runs this on one process per node)."""
+        if not self.online and not several_ranks():
             preparer = self._preparer()
             preparer.build(preparer.sources())
 
     def setup(self, stage: str | None = None) -> None:
-        sources = self._preparer().sources()
+        sources = self._shared_sources() if several_ranks() else self._preparer().sources()
+        self._preparer().release_verifier()  # it built the cache or regenerated replies; training never uses this copy
         train, val = [], []
         for source in sources:
             heldout = list(source.heldout_positions)[: self.val_limit]
@@ -128,6 +141,40 @@ class DrafterDataModule(LightningDataModule):
             val.append(self._view(source, heldout))
         self.train_set = ConcatDataset([d for d in train if len(d)])
         self.val_set = ConcatDataset([d for d in val if len(d)]) if any(len(d) for d in val) else None
+
+    def _shared_sources(self) -> list[PreparedSource]:
+        """Several ranks: rank 0 regenerates replies first (one file per source), then every rank builds its
+        share of the missing shards. Ranks wait for each other on a gloo group sized for the build, never on
+        the job's own collectives, whose timeout a long build would exceed."""
+        preparer = self._preparer()
+        if not self.online:
+            self._refuse_pinned_build(preparer)
+        with build_ranks() as ranks:
+            sources = ranks.rank_zero_first(preparer.sources)
+            if not self.online:
+                try:
+                    preparer.build(sources, ranks)
+                except CacheNotShared as err:
+                    command = self.cache_command(self._processes_per_node(ranks))
+                    raise TapsError(f"{err} (or build the cache before fit with `{command}` and copy it to every node)") from err
+        return sources
+
+    def _refuse_pinned_build(self, preparer: RecipePreparer) -> None:
+        if pinned_device(self.verifier_device) and any(s.cached_samples() < len(s.conversations) for s in preparer.sources(regenerate=False)):
+            raise TapsError(f"verifier_device {self.verifier_device} puts every rank's verifier on the same GPU(s), so the ranks cannot build "
+                            f"the feature cache together; build it first with `{self.cache_command(1)}`, or use verifier_device auto "
+                            "(each rank on its own GPU)")
+
+    def _processes_per_node(self, ranks: Ranks) -> int:
+        return self.trainer.num_devices if self.trainer is not None else ranks.world
+
+    def cache_command(self, processes: int) -> str:
+        """The `taps-train cache` call that builds this datamodule's feature caches ahead of `fit`."""
+        options = {"--recipe": self.recipe_path, "--verifier": self.verifier, "--cache-dir": self.cache_dir,
+                   "--device": self.verifier_device, "--verifier-dtype": self.verifier_dtype, "--dtype": self.settings.dtype}
+        defaults = {"--device": "auto", "--verifier-dtype": "auto", "--dtype": "bfloat16"}
+        given = [f"{name} {shlex.quote(str(value))}" for name, value in options.items() if value is not None and value != defaults.get(name)]
+        return f"torchrun --nproc_per_node {processes} -m taps_train cache {' '.join(given)}"
 
     def _view(self, source: PreparedSource, positions: list[int]) -> Dataset:
         if self.online:

@@ -9,7 +9,9 @@ Layout of one cache directory (one per verifier x source selection x max length 
 Samples are addressed by *position* in the source's seeded permutation (held-out first, then
 training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
 index views and cost no feature bytes. Each shard covers a fixed range of positions and is written
-atomically, so a killed build resumes shard by shard and ends byte-identical to an uninterrupted one.
+atomically (temporary file, then rename), so shards can be written by several processes at once, and
+a killed build resumes shard by shard and ends byte-identical to an uninterrupted one. The manifest is
+written once, when every shard exists.
 
 Stored feature: the verifier's `last_hidden_state` (after the final norm, equal to
 `hidden_states[-1]` in transformers), so the verifier's LM head applies to it directly.
@@ -19,11 +21,12 @@ import bisect
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
@@ -86,41 +89,48 @@ def _encode(features: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
     return {"features": (features / scales[:, None]).to(torch.float8_e4m3fn).cpu(), "scales": scales.cpu()}
 
 
-def build_cache(
-    model: torch.nn.Module,
-    samples: list[TokenizedSample],
-    directory: Path,
-    fingerprint: dict,
-    settings: CacheSettings,
-    pad_id: int,
-    report: dict | None = None,
-) -> "FeatureCache":
-    """Build (or resume, or extend) the cache of `samples` at `directory` and open it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    manifest = _read_manifest(directory)
-    if manifest is None:
-        manifest = {"format": FORMAT, "fingerprint": fingerprint, "shards": [], "samples": 0}
-    elif manifest["fingerprint"] != fingerprint:
-        raise TapsError(_mismatch(directory, manifest["fingerprint"], fingerprint))
-    ranges = shard_ranges(len(samples), settings.shard_samples)
-    done = {(s["start"], s["end"]): s for s in manifest["shards"] if _shard_intact_size(directory, s)}
-    todo = [r for r in ranges if r not in done]
-    todo_tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
-    hidden_size = model.config.hidden_size
-    _check_disk(directory, todo_tokens * bytes_per_token(hidden_size, settings.dtype))
-    records = dict(done)
-    with tqdm(total=todo_tokens, desc=f"caching features ({directory.name})", unit="tok", unit_scale=True, disable=not todo) as bar:
-        for start, end in todo:
-            records[(start, end)] = _write_shard(model, samples[start:end], directory, (start, end), settings, pad_id, bar)
-            manifest["shards"] = [records[r] for r in ranges if r in records]
-            manifest["samples"] = _contiguous_samples(manifest["shards"])
-            _write_manifest(directory, manifest)
-    manifest["shards"] = [records[r] for r in ranges]
-    manifest["samples"] = len(samples)
-    if report is not None:
-        manifest["report"] = report
-    _write_manifest(directory, manifest)
-    return FeatureCache(directory, fingerprint)
+@dataclass(frozen=True)
+class ShardWriter:
+    """Fills shards of feature caches. `verifier` is called only when a shard must be computed, so a resumed
+    or complete build never loads the model; `label` prefixes the progress bar (e.g. "rank 1: ")."""
+
+    verifier: Callable[[], torch.nn.Module]
+    hidden_size: int
+    settings: CacheSettings
+    pad_id: int
+    label: str = ""
+
+    def fill(self, samples: list[TokenizedSample], directory: Path, fingerprint: dict, spans: list[tuple[int, int]]) -> list[dict]:
+        """The records of shards `spans` of the cache of `samples` at `directory`, computing only the missing ones.
+
+        A shard counts as present when the manifest lists it (size checked) or when its file is complete
+        and covers the span (left by a build killed before it wrote the manifest, on any rank).
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        listed = _listed_shards(directory, fingerprint)
+        records = {span: listed.get(span) or _adopt(directory, span, self.settings) for span in spans}
+        todo = [span for span, record in records.items() if record is None]
+        if todo:
+            records.update(self._compute(samples, directory, todo))
+        return [records[span] for span in spans]
+
+    def _compute(self, samples: list[TokenizedSample], directory: Path, todo: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
+        tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
+        _check_disk(directory, tokens * bytes_per_token(self.hidden_size, self.settings.dtype))
+        model = self.verifier()
+        with tqdm(total=tokens, desc=f"{self.label}caching features ({directory.name})", unit="tok", unit_scale=True) as bar:
+            return {(a, b): _write_shard(model, samples[a:b], directory, (a, b), self.settings, self.pad_id, bar) for a, b in todo}
+
+
+def write_manifest(directory: Path, fingerprint: dict, shards: list[dict], samples: int, report: dict) -> None:
+    """Written once every shard exists; left untouched when nothing changed, so a no-op build rewrites nothing."""
+    manifest = {"format": FORMAT, "fingerprint": fingerprint, "shards": shards, "samples": samples, "report": report}
+    if _read_manifest(directory) != manifest:
+        _write_manifest(directory, manifest)
+
+
+def _shard_name(span: tuple[int, int], settings: CacheSettings) -> str:
+    return f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
 
 
 def _write_shard(model, samples, directory: Path, span: tuple[int, int], settings: CacheSettings, pad_id: int, bar) -> dict:
@@ -143,14 +153,47 @@ def _write_shard(model, samples, directory: Path, span: tuple[int, int], setting
         "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
         "offsets": torch.cumsum(lengths, 0),
     }
-    name = f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
-    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    name = _shard_name(span, settings)
+    tmp = _fresh_tmp(directory, name)
     # One metadata key: safetensors writes a multi-key metadata map in random order, and a resumed build
     # must be byte-identical to an uninterrupted one.
-    save_file(tensors, tmp, metadata={"positions": f"{span[0]}:{span[1]}"})
-    record = {"file": name, "start": span[0], "end": span[1], "tokens": int(lengths.sum()), "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+    save_file(tensors, tmp, metadata=_positions(span))
+    record = _record(tmp, name, span, int(lengths.sum()))
     os.replace(tmp, directory / name)
     return record
+
+
+def _positions(span: tuple[int, int]) -> dict[str, str]:
+    return {"positions": f"{span[0]}:{span[1]}"}
+
+
+def _record(path: Path, name: str, span: tuple[int, int], tokens: int) -> dict:
+    return {"file": name, "start": span[0], "end": span[1], "tokens": tokens, "bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _adopt(directory: Path, span: tuple[int, int], settings: CacheSettings) -> dict | None:
+    """The record of a shard file no manifest lists yet. It is whole (renamed into place only when complete);
+    its positions must be this span's, since an older, shorter build may have left a partial last shard."""
+    name = _shard_name(span, settings)
+    path = directory / name
+    if not path.is_file():
+        return None
+    try:
+        handle = safe_open(str(path), framework="pt")
+        if handle.metadata() != _positions(span):
+            return None
+        tokens = int(handle.get_tensor("offsets")[-1])
+    except SafetensorError:
+        return None
+    return _record(path, name, span, tokens)
+
+
+def _fresh_tmp(directory: Path, name: str) -> Path:
+    """This process's temporary file for `name`, after removing what killed writers of `name` left behind.
+    Only one process ever writes a given file (a shard's owner, or rank 0 for the manifest)."""
+    for stale in directory.glob(f".{name}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    return directory / f".{name}.{os.getpid()}.tmp"
 
 
 class FeatureCache:
@@ -222,15 +265,6 @@ class FeatureCache:
         return {**self.__dict__, "_open": {}}
 
 
-def _contiguous_samples(shards: list[dict]) -> int:
-    covered = 0
-    for shard in shards:
-        if shard["start"] != covered:
-            break
-        covered = shard["end"]
-    return covered
-
-
 def _shard_intact_size(directory: Path, shard: dict) -> bool:
     path = directory / shard["file"]
     return path.is_file() and path.stat().st_size == shard["bytes"]
@@ -246,8 +280,18 @@ def _read_manifest(directory: Path) -> dict | None:
         raise TapsError(f"feature cache manifest {path} is corrupt ({err}); delete {directory} and rebuild") from err
 
 
+def _listed_shards(directory: Path, fingerprint: dict) -> dict[tuple[int, int], dict]:
+    """Intact shards the manifest lists, by span; refuses a cache built for another setup."""
+    manifest = _read_manifest(directory)
+    if manifest is None:
+        return {}
+    if manifest["fingerprint"] != fingerprint:
+        raise TapsError(_mismatch(directory, manifest["fingerprint"], fingerprint))
+    return {(s["start"], s["end"]): s for s in manifest["shards"] if _shard_intact_size(directory, s)}
+
+
 def _write_manifest(directory: Path, manifest: dict) -> None:
-    tmp = directory / f".manifest.{os.getpid()}.tmp"
+    tmp = _fresh_tmp(directory, "manifest.json")
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, directory / "manifest.json")
 

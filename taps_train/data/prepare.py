@@ -1,5 +1,5 @@
 """Recipe -> per-source token samples -> feature caches: the work behind `taps-train cache` and the
-datamodule's `prepare_data`.
+datamodule, on one process or split by shard over several ranks.
 
 Everything that can fail on bad input (recipe fields, unknown sources, missing files, counts larger
 than a source) is checked by `select` before the verifier runs.
@@ -7,6 +7,7 @@ than a source) is checked by `select` before the verifier runs.
 
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -16,15 +17,19 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from taps_train.data.chat_format import TokenizedSample, tokenize_conversation
 from taps_train.data.conversation import Conversation
+from taps_train.data.distributed import Ranks, wait_until_visible
 from taps_train.data.feature_cache import (
     FEATURE_KIND,
     FORMAT,
     CacheSettings,
     FeatureCache,
-    build_cache,
+    ShardWriter,
     bytes_per_token,
+    shard_ranges,
+    write_manifest,
 )
 from taps_train.data.recipe import Recipe, SelectedSource, select
+from taps_train.errors import TapsError
 from taps_train.home import taps_home
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import (
@@ -70,6 +75,9 @@ class PreparedSource:
         return len(FeatureCache(self.directory, self.fingerprint))
 
 
+ShardsByRank = list[list[list[dict] | None]]  # [rank][source]: the shard records that rank holds (None: source already cached)
+
+
 def default_cache_root() -> Path:
     return taps_home() / "features"
 
@@ -102,6 +110,11 @@ class RecipePreparer:
             self._verifier = load_verifier(self.verifier_name, self.placement.device, self.placement.dtype_name)
         return self._verifier
 
+    def release_verifier(self) -> None:
+        """Drop the verifier once the caches are written: training never uses this copy, and it holds a GPU's
+        worth of memory for an 8B verifier."""
+        self._verifier = None
+
     def sources(self, regenerate: bool = True) -> list[PreparedSource]:
         """Tokenized samples and cache locations; regenerates replies first where the recipe asks."""
         prepared = []
@@ -133,17 +146,56 @@ class RecipePreparer:
             )
         return prepared
 
-    def build(self, sources: list[PreparedSource]) -> list[FeatureCache]:
-        caches = []
+    def build(self, sources: list[PreparedSource], ranks: Ranks = Ranks()) -> list[FeatureCache]:
+        """Fill the missing shards of every source's cache, write each manifest once all its shards exist, open the caches.
+
+        With several ranks, shard g of the recipe (counting every source's shards in order) is built by rank
+        g % world: a split each rank computes alone, whatever is on disk. The ranks then swap their shard
+        records (a few hundred bytes each), rank 0 writes the manifests once it sees every shard, and every
+        rank checks it sees them all: a cache dir that is not shared by all nodes is refused here.
+        """
+        owned = self._owned_spans(sources, ranks)
+        mine = ranks.agree(lambda: self._fill(sources, owned, ranks))
+        shards = ranks.gather(mine)
+        ranks.agree(lambda: self._write_manifests(sources, shards, ranks.rank))
+        ranks.agree(lambda: wait_until_visible(_expected_files(sources, shards, manifests=True), ranks.rank))
+        return [source.open_cache() for source in sources]
+
+    def _owned_spans(self, sources: list[PreparedSource], ranks: Ranks) -> list[list[tuple[int, int]]]:
+        owned, first = [], 0
         for source in sources:
-            if source.cached_samples() >= len(source.conversations):
-                caches.append(source.open_cache())
+            spans = shard_ranges(len(source.conversations), self.settings.shard_samples)
+            owned.append([span for index, span in enumerate(spans, first) if ranks.owns(index)])
+            first += len(spans)
+        return owned
+
+    def _fill(self, sources: list[PreparedSource], owned: list[list[tuple[int, int]]], ranks: Ranks) -> list[list[dict] | None]:
+        """This rank's shard records per source; None for a source whose cache already holds enough samples
+        (it may hold more, for a larger recipe, in shards of other spans: it is left as it is)."""
+        writer = ShardWriter(lambda: self.verifier.model, self.hidden_size, self.settings, self.tokenizer.pad_token_id or 0, ranks.label)
+        records = []
+        for source, spans in zip(sources, owned):
+            cached = source.cached_samples() >= len(source.conversations)
+            records.append(None if cached else writer.fill(source.samples, source.directory, source.fingerprint, spans))
+        if ranks.world > 1:
+            held = sum(len(r) for r in records if r is not None)
+            print(f"{ranks.label}{held} shards on disk; waiting for the other ranks", file=sys.stderr, flush=True)
+        return records
+
+    def _write_manifests(self, sources: list[PreparedSource], shards: ShardsByRank, rank: int) -> None:
+        """Rank 0, once it sees every shard: the manifest of each source it found incomplete."""
+        if rank != 0:
+            return
+        wait_until_visible(_expected_files(sources, shards, manifests=False), rank)
+        for index, source in enumerate(sources):
+            if shards[0][index] is None:
                 continue
+            records = sorted((r for per_rank in shards for r in per_rank[index] or []), key=lambda r: r["start"])
+            if [(r["start"], r["end"]) for r in records] != shard_ranges(len(source.conversations), self.settings.shard_samples):
+                raise TapsError(f"the ranks disagree about which shards of {source.directory} exist (is another build writing it?); "
+                                "the feature cache dir must be one directory on a filesystem shared by all nodes")
             report = {"source": source.selected.report.summary(), "duplicates_dropped": source.selected.duplicates}
-            caches.append(
-                build_cache(self.verifier.model, source.samples, source.directory, source.fingerprint, self.settings, self.tokenizer.pad_token_id or 0, report)
-            )
-        return caches
+            write_manifest(source.directory, source.fingerprint, records, len(source.conversations), report)
 
     def estimate(self, sources: list[PreparedSource]) -> list[dict]:
         """Per source: tokens, bytes a build would add (0 when already cached), bytes per token."""
@@ -170,6 +222,15 @@ class RecipePreparer:
                                         sort_keys=True).encode()).hexdigest()[:16]
         verifier = self.verifier
         return regenerate(conversations, verifier.model, verifier.tokenizer, spec, self.recipe.max_length, self.cache_root / "regenerated" / f"{key}.jsonl")
+
+
+def _expected_files(sources: list[PreparedSource], shards: ShardsByRank, manifests: bool) -> list[tuple[Path, int | None, int]]:
+    """(path, size, rank that has it) of every shard the ranks reported, and of each manifest (rank 0's)."""
+    files = [(source.directory / "manifest.json", None, 0) for source in sources] if manifests else []
+    for rank, per_rank in enumerate(shards):
+        for source, records in zip(sources, per_rank):
+            files += [(source.directory / r["file"], r["bytes"], rank) for r in records or []]
+    return files
 
 
 def tokenize_all(tokenizer: PreTrainedTokenizerBase, conversations: list[Conversation], max_length: int, label: str) -> list[TokenizedSample]:

@@ -1,8 +1,9 @@
 """Reading drafter weights out of taps-train checkpoints, refusing any trained for another verifier.
 
 A Lightning checkpoint from `fit` holds the trainable drafter weights under `drafter.*`, plus a
-`taps` section with the drafter config and the verifier fingerprint. Loading is `weights_only`:
-checkpoints are untrusted files.
+`taps` section with the drafter config and the verifier fingerprint. It is a file (DDP, one device,
+`taps-train consolidate`) or, under DeepSpeed, a directory of ZeRO partitions; both read into the
+same dict. Loading is `weights_only`: checkpoints are untrusted files.
 """
 
 from pathlib import Path
@@ -11,11 +12,14 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 
+from taps_train.drafter.deepspeed_checkpoint import is_deepspeed_checkpoint, read_deepspeed_checkpoint
 from taps_train.drafter.model import Drafter
 from taps_train.errors import TapsError
 
 
 def read_checkpoint(path: str | Path) -> dict:
+    if is_deepspeed_checkpoint(path):
+        return read_deepspeed_checkpoint(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError) as err:

@@ -5,6 +5,11 @@ It decodes a few prompts per benchmark with the drafter being trained and the ve
 the best drafter by what matters (τ) instead of by loss. Under DDP each rank decodes its share of
 the prompts and the sums are reduced with torchmetrics before τ is formed. Its cost is bounded by
 prompts x max_new_tokens and logged as `val/tau_seconds`.
+
+Under DeepSpeed ZeRO-3 each rank holds 1/world of every drafter parameter, and calling the drafter's
+modules outside the engine triggers collective fetches that ranks decoding different numbers of
+prompts would not match. So the trained weights are gathered once into a plain drafter that shares
+the verifier's embedding and head, and that copy decodes.
 """
 
 import time
@@ -13,6 +18,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import SumMetric
 
+from taps_train.drafter import Drafter
+from taps_train.drafter.checkpoint import drafter_from_checkpoint
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import run_benchmark
 from taps_train.spec.decoder import SpeculativeDecoder
@@ -65,7 +72,7 @@ class AcceptanceLengthCallback(Callback):
         self._load(module)
         was_training = module.drafter.training
         module.drafter.eval()
-        decoder = SpeculativeDecoder(self._verifier, [module.drafter], self.tree, temperature=self.temperature)
+        decoder = SpeculativeDecoder(self._verifier, [_decoding_drafter(module.drafter, self._verifier)], self.tree, temperature=self.temperature)
         counts = {}
         for name, prompts in self._prompt_sets.items():
             tally = run_benchmark(decoder, self._tokenizer, prompts[rank::world_size], self.max_new_tokens, seed=seed, progress=False)
@@ -88,6 +95,20 @@ class AcceptanceLengthCallback(Callback):
         all_calls = sum(calls for _, calls in totals.values())
         module.log("val/tau", all_new / all_calls.clamp_min(1), prog_bar=True, sync_dist=False)
         module.log("val/tau_seconds", torch.tensor(time.perf_counter() - began), sync_dist=False)
+
+
+def _decoding_drafter(drafter: Drafter, verifier: torch.nn.Module) -> Drafter:
+    """The drafter itself, or under ZeRO-3 (partitioned parameters carry `ds_id`) a whole copy of its
+    trained weights gathered from all ranks, next to the verifier's own embedding and head."""
+    if not any(hasattr(p, "ds_id") for p in drafter.parameters()):
+        return drafter
+    import deepspeed
+
+    trained = {name: p for name, p in drafter.named_parameters() if p.requires_grad}
+    with deepspeed.zero.GatheredParameters(list(trained.values())):
+        weights = {f"drafter.{name}": p.detach().float().clone() for name, p in trained.items()}
+    checkpoint = {"taps": {"drafter_config": drafter.config.to_dict()}, "state_dict": weights}
+    return drafter_from_checkpoint(checkpoint, verifier, "the ZeRO-3 drafter being trained")
 
 
 def _reduced_sum(value: int, module: LightningModule) -> torch.Tensor:

@@ -15,6 +15,7 @@ import math
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.drafter.checkpoint import (
@@ -29,6 +30,8 @@ from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_veri
 from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 
 SCHEDULES = ("cosine", "linear", "constant")
+NOISE_SCALINGS = ("constant", "length")
+ALIGN_REDUCTIONS = ("mean", "sum")
 
 
 class Eagle2Module(LightningModule):
@@ -41,13 +44,16 @@ class Eagle2Module(LightningModule):
         topk_weight: float = 0.0,
         topk: int = 10,
         align_steps: int = 1,
+        align_reduction: str = "mean",
         feature_noise: float = 0.2,
+        noise_scaling: str = "constant",
         lr: float = 3e-5,
         betas: tuple[float, float] = (0.9, 0.95),
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         schedule: str = "constant",
         min_lr_ratio: float = 0.0,
+        schedule_steps: int | None = None,
         accuracy_topk: int = 5,
         init_from: str | None = None,
         seed: int = 0,
@@ -57,19 +63,26 @@ class Eagle2Module(LightningModule):
         """
         Args:
             verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; embed + head are reused).
-            fc_bias: bias in the fc layer (HASS: true; EAGLE's Llama-3 drafter: false).
+            fc_bias: bias in the fc layer (EAGLE's and HASS's training scripts: true; EAGLE's released Llama-3
+                drafter: false).
             feature_weight: weight of the SmoothL1 feature loss.
             prob_weight: weight of the soft cross-entropy against the verifier's distribution.
             topk_weight: weight of HASS top-K distillation (0 disables it).
             topk: K of the top-K distillation.
             align_steps: HASS harmonized context alignment steps (1 = plain EAGLE training).
+            align_reduction: how the steps' losses combine: mean, or sum as HASS's training script does (it
+                backpropagates each step's loss on its own, so gradients are align_steps x larger before clipping).
             feature_noise: width of the uniform noise added to input features in training.
+            noise_scaling: constant (width `feature_noise`) or length: `feature_noise * 512 / T` per sample, T its
+                token count, as EAGLE's and HASS's training scripts draw it (wider noise on shorter samples).
             lr: peak learning rate (AdamW).
             betas: AdamW betas.
             weight_decay: AdamW weight decay.
             warmup_steps: linear warmup steps.
             schedule: after warmup: cosine, linear (both decay to min_lr_ratio * lr) or constant.
             min_lr_ratio: final learning rate as a fraction of `lr`.
+            schedule_steps: the step at which warmup + decay end (the rate stays at `min_lr_ratio * lr` after it);
+                None = the run's last step. EAGLE's training script fixes it whatever the run's length.
             accuracy_topk: k of the logged top-k accuracy.
             init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
             seed: seed of the feature noise (per step, so resumed runs draw the same noise).
@@ -84,6 +97,12 @@ class Eagle2Module(LightningModule):
             raise TapsError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
         if align_steps < 1:
             raise TapsError(f"align_steps must be >= 1, got {align_steps}")
+        if align_reduction not in ALIGN_REDUCTIONS:
+            raise TapsError(f"unknown align_reduction {align_reduction!r}; use one of {ALIGN_REDUCTIONS}")
+        if noise_scaling not in NOISE_SCALINGS:
+            raise TapsError(f"unknown noise_scaling {noise_scaling!r}; use one of {NOISE_SCALINGS}")
+        if schedule_steps is not None and schedule_steps < 1:
+            raise TapsError(f"schedule_steps must be >= 1 (or null for the run's length), got {schedule_steps}")
         if verifier_dtype not in COMPUTE_DTYPE_CHOICES:
             raise TapsError(f"unknown verifier_dtype {verifier_dtype!r}; use one of {', '.join(COMPUTE_DTYPE_CHOICES)}")
         if loss_chunk_size is not None and loss_chunk_size < 1:
@@ -101,6 +120,10 @@ class Eagle2Module(LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None:
+            # Lightning refuses this too, but later (once the engine is set up) and without naming the fix.
+            if isinstance(self.trainer.strategy, DeepSpeedStrategy) and self.trainer.gradient_clip_algorithm == "value":
+                raise TapsError("DeepSpeed clips gradients by norm only (its gradient_clipping setting): set "
+                                "trainer.gradient_clip_algorithm: norm, or use strategy: ddp to clip values as EAGLE and HASS do")
             self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
 
     # --- features -------------------------------------------------------------------------
@@ -120,10 +143,15 @@ class Eagle2Module(LightningModule):
             model = self.frozen_verifier().model
             return model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.float()
 
-    def _noise(self, features: torch.Tensor) -> torch.Tensor:
+    def _noise(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """`features` [B, T, H] plus uniform noise of width `feature_noise`, or under `noise_scaling: length`
+        `feature_noise * 512 / lengths[b]` for sample b (EAGLE and HASS add it per sample, before padding)."""
         generator = torch.Generator(device="cpu").manual_seed(self.hparams.seed * 1_000_003 + self.global_step)
         noise = torch.rand(features.shape, generator=generator).to(features.device, features.dtype)
-        return features + (noise - 0.5) * self.hparams.feature_noise
+        width = self.hparams.feature_noise
+        if self.hparams.noise_scaling == "length":
+            width = width * 512 / lengths.to(features.dtype)[:, None, None]
+        return features + (noise - 0.5) * width
 
     # --- the forward passes -------------------------------------------------------------------
 
@@ -138,7 +166,7 @@ class Eagle2Module(LightningModule):
             zero = self.drafter.fc.weight.sum() * 0.0
             return zero, {"loss": zero}
         if train and self.hparams.feature_noise > 0:
-            inputs = self._noise(inputs)
+            inputs = self._noise(inputs, batch["attention_mask"].sum(1))
         positions = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
         layer = self.drafter.layers[0]
         keys, values, step_inputs = [], [], inputs
@@ -151,7 +179,7 @@ class Eagle2Module(LightningModule):
             mask = alignment_mask(length, step, ids.device)
             predicted = layer.finish(hidden, layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
             loss, step_logs = self._loss(predicted[counts], targets[counts])
-            total = total + loss / self.hparams.align_steps
+            total = total + (loss if self.hparams.align_reduction == "sum" else loss / self.hparams.align_steps)
             logs.update({f"{name}_step{step}": value for name, value in step_logs.items()})
             # Step n+1 reads, at position s, the prediction of f_s made at position s-1 in step n.
             step_inputs = torch.cat([inputs[:, :1], predicted[:, :-1].detach()], dim=1)
@@ -192,21 +220,27 @@ class Eagle2Module(LightningModule):
         h = self.hparams
         trainable = [p for p in self.drafter.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
-        total = max(1, total_steps)
+        total = max(1, h.schedule_steps or total_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # --- checkpoints -------------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # DDP and single-device checkpoints: drop the frozen verifier parts here. DeepSpeed ignores this
+        # state_dict and saves its engine's module instead, so `setup` turns on its exclude-frozen option.
         for name in self.drafter.frozen_parameter_names():
             checkpoint["state_dict"].pop(f"drafter.{name}", None)
         checkpoint["taps"] = {"drafter_config": self.drafter.config.to_dict(), "verifier": self.verifier_fingerprint}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._check_compatible(checkpoint, "checkpoint")
-        for name in self.drafter.frozen_parameter_names():
-            checkpoint["state_dict"][f"drafter.{name}"] = self.drafter.state_dict()[name]
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Checkpoints leave out the frozen verifier parts: this module's own stand in for them, so loading
+        stays strict about every trained weight (Lightning and the DeepSpeed engine both load through here)."""
+        frozen = {f"drafter.{name}": self.drafter.get_parameter(name) for name in self.drafter.frozen_parameter_names()}
+        return super().load_state_dict({**frozen, **state_dict}, strict=strict, assign=assign)
 
     def _check_compatible(self, checkpoint: dict, where: str) -> None:
         if "taps" not in checkpoint:
@@ -222,8 +256,8 @@ class Eagle2Module(LightningModule):
 class HassModule(Eagle2Module):
     """HASS: EAGLE-2 training plus top-K distillation and harmonized context alignment.
 
-    For HASS's two stages, run stage 1 with `topk_weight: 0`, then stage 2 with `topk_weight: 1.0`,
-    a lower `lr` and `init_from:` stage 1's checkpoint.
+    HASS's reference trains in two stages: `topk_weight: 0`, then `topk_weight: 1.0` at a lower `lr` with
+    `init_from:` stage 1's checkpoint (configs/hass_*_stage1.yaml, configs/hass_*_stage2.yaml).
     """
 
     def __init__(self, align_steps: int = 3, topk_weight: float = 1.0, topk: int = 10, fc_bias: bool = True, **kwargs):
