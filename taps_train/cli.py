@@ -18,6 +18,7 @@ LIGHTNING_COMMANDS = {
 TOOL_COMMANDS = {
     "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
     "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
+    "consolidate": "merge a DeepSpeed checkpoint directory into one drafter-only checkpoint file",
     "average": "average drafter checkpoints in weight space into a new checkpoint",
     "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM); build a Llama-3-shaped stand-in",
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
             run_verifier_command(args[1:])
         elif command == "cache":
             run_cache_command(args[1:])
+        elif command == "consolidate":
+            run_consolidate_command(args[1:])
         elif command == "average":
             run_average_command(args[1:])
         elif command == "export":
@@ -106,6 +109,22 @@ def run_cache_command(args: list[str]) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print token count and estimated disk size; run no verifier")
     parser.add_argument("--verify", action="store_true", help="check every shard's checksum after building")
     cache(**vars(parser.parse_args(args)))
+
+
+def run_consolidate_command(args: list[str]) -> None:
+    import argparse
+
+    from taps_train.drafter.deepspeed_checkpoint import consolidate
+
+    parser = argparse.ArgumentParser(
+        prog="taps-train consolidate",
+        description="Merge the ZeRO partitions of a DeepSpeed checkpoint directory (ZeRO-2 or 3) into one file holding the "
+        "trained drafter weights (float32), its config and verifier fingerprint. eval/export/average/init_from also read the directory itself.",
+    )
+    parser.add_argument("checkpoint", help="a `<name>.ckpt` directory written by `taps-train fit` under DeepSpeed")
+    parser.add_argument("--output", default=None, help="output file (default: <name>.drafter.ckpt next to the directory)")
+    options = parser.parse_args(args)
+    print(consolidate(options.checkpoint, options.output))
 
 
 def run_average_command(args: list[str]) -> None:

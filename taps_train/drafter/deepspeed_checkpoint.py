@@ -25,6 +25,7 @@ _ALLOWED = (
     ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
     ("deepspeed.utils.tensor_fragment", "fragment_address"),
 )
+_METADATA = ("global_step", "epoch", "hyper_parameters", "datamodule_hyper_parameters", "pytorch-lightning_version")
 _TAG = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -33,7 +34,8 @@ def is_deepspeed_checkpoint(path: str | Path) -> bool:
 
 
 def read_deepspeed_checkpoint(directory: str | Path) -> dict:
-    """{"state_dict": trainable `drafter.*` weights in float32, "taps": ..., "global_step", "epoch"}."""
+    """{"state_dict": trainable `drafter.*` weights in float32, "taps", and the run's metadata (step, epoch,
+    module/datamodule hyperparameters) - the layout of a single-file checkpoint, minus optimizer state."""
     directory = Path(directory)
     tag_dir = _tag_dir(directory)
     states = sorted(tag_dir.glob("*model_states.pt"))
@@ -43,12 +45,25 @@ def read_deepspeed_checkpoint(directory: str | Path) -> dict:
     if not isinstance(client, dict) or "taps" not in client:
         raise TapsError(f"{directory} is not a taps-train drafter checkpoint (no 'taps' section); pass a checkpoint written by `taps-train fit`")
     weights = _merged_weights(directory, tag_dir.name)
-    return {
-        "state_dict": {name: tensor for name, tensor in weights.items() if name.startswith("drafter.")},
-        "taps": client["taps"],
-        "global_step": client.get("global_step"),
-        "epoch": client.get("epoch"),
-    }
+    metadata = {key: client[key] for key in _METADATA if key in client}
+    return {"state_dict": {name: tensor for name, tensor in weights.items() if name.startswith("drafter.")}, "taps": client["taps"], **metadata}
+
+
+def consolidate(directory: str | Path, output: str | Path | None = None) -> Path:
+    """Write a DeepSpeed checkpoint directory as one drafter-only file (default: `<dir>.drafter.ckpt`
+    next to it) that every command reads without DeepSpeed installed."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise TapsError(f"{directory} is not a DeepSpeed checkpoint directory; consolidate reads `<name>.ckpt/` directories written under DeepSpeed")
+    output = Path(output) if output else directory.with_name(f"{directory.name.removesuffix('.ckpt')}.drafter.ckpt")
+    if output.resolve() == directory.resolve() or output.is_dir():
+        raise TapsError(f"output {output} is a directory; pass a file path")
+    checkpoint = read_deepspeed_checkpoint(directory)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    torch.save(checkpoint, tmp)
+    tmp.replace(output)
+    return output
 
 
 def _tag_dir(directory: Path) -> Path:
@@ -67,7 +82,11 @@ def _tag_dir(directory: Path) -> Path:
 
 
 def _merged_weights(directory: Path, tag: str) -> dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as err:
+        raise TapsError(f"{directory} is a DeepSpeed checkpoint; reading it needs DeepSpeed: pip install 'taps-train[deepspeed]', "
+                        "or consolidate it where DeepSpeed is installed (`taps-train consolidate`)") from err
 
     try:
         with _weights_only_loading(), contextlib.redirect_stdout(io.StringIO()):
