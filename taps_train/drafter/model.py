@@ -133,9 +133,10 @@ class Drafter(nn.Module):
         self.lm_head.weight = self.embed_tokens.weight if tied else nn.Parameter(self.lm_head.weight.detach().to(dtype), requires_grad=False)
 
     def layer_input(self, next_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """fc(concat(embed(x_{t+1}), f_t)): [B, T, H]."""
-        embeds = self.embed_tokens(next_ids).to(features.dtype)
-        return self.fc(torch.cat([embeds, features], dim=-1))
+        """fc(concat(embed(x_{t+1}), f_t)): [B, T, H], computed in the drafter's own dtype (bf16 when an engine
+        such as DeepSpeed trains bf16 weights; float32 features and a bf16 embedding come in regardless)."""
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([self.embed_tokens(next_ids).to(dtype), features.to(dtype)], dim=-1))
 
     def rope(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary_emb(hidden, position_ids)
