@@ -63,12 +63,12 @@ EOF
 
 stage cache taps-train cache --recipe "$WORK/recipe.yaml" --verifier "$VERIFIER" --device "$DEVICE" --verifier-dtype "$DTYPE" --cache-dir "$WORK/features"
 
-fit_config() {  # $1 = strategy block, $2 = run dir
+fit_config() {  # $1 = strategy block, $2 = run dir, $3 = devices (default 1)
   cat <<EOF
 seed_everything: 0
 trainer:
   accelerator: $ACCEL
-  devices: 1
+  devices: ${3:-1}
   $1
   precision: $PRECISION
   max_steps: $STEPS
@@ -140,5 +140,20 @@ EOF
 stage lossless lossless
 
 stage export taps-train export "$CKPT" --out "$WORK/export" --verifier "$VERIFIER" --overwrite
+
+# Two processes under DeepSpeed ZeRO-2: the checkpoint is a directory; consolidate it, then eval and export
+# both the directory and the consolidated file.
+GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+if [[ "$DEVICE" != cpu ]] && (( GPUS >= 2 )) && python -c "import deepspeed" 2>/dev/null; then
+  fit_config "strategy: {class_path: lightning.pytorch.strategies.DeepSpeedStrategy, init_args: {stage: 2}}" "$WORK/run_zero2x2" 2 > "$WORK/fit_zero2x2.yaml"
+  stage fit_zero2x2 taps-train fit --config "$WORK/fit_zero2x2.yaml"
+  stage consolidate taps-train consolidate "$WORK/run_zero2x2/last.ckpt"
+  stage eval_zero2x2 taps-train eval --drafters "$WORK/run_zero2x2/last.ckpt" "$WORK/run_zero2x2/last.drafter.ckpt" --strategy route-confidence \
+    --verifier "$VERIFIER" --device "$DEVICE" --verifier-dtype "$DTYPE" --benchmarks math_heldout --prompts 4 --max-new-tokens 64 \
+    --output "$WORK/eval/zero2x2.json"
+  stage export_zero2x2 taps-train export "$WORK/run_zero2x2/last.ckpt" --out "$WORK/export_zero2x2" --verifier "$VERIFIER" --overwrite
+else
+  echo "zero2x2                skipped (needs 2+ GPUs and deepspeed)" | tee -a "$SUMMARY"
+fi
 
 echo; echo "=== summary ($DEVICE, verifier $VERIFIER)"; cat "$SUMMARY"

@@ -10,6 +10,7 @@ files hold: a checkpoint is an untrusted file.
 
 import contextlib
 import io
+import pickle
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,7 +92,7 @@ def _merged_weights(directory: Path, tag: str) -> dict[str, torch.Tensor]:
     try:
         with _weights_only_loading(), contextlib.redirect_stdout(io.StringIO()):
             return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag, exclude_frozen_parameters=True)
-    except (OSError, RuntimeError, ValueError, KeyError, IndexError, AssertionError, EOFError) as err:
+    except (OSError, RuntimeError, ValueError, KeyError, IndexError, AssertionError, EOFError, pickle.UnpicklingError) as err:
         raise TapsError(f"cannot merge the ZeRO partitions of DeepSpeed checkpoint {directory}: {_first_line(err)}") from err
 
 
@@ -99,7 +100,7 @@ def _load(path: Path, directory: Path):
     try:
         with torch.serialization.safe_globals(_allowed_classes()):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError, EOFError) as err:
+    except Exception as err:  # noqa: BLE001 - arbitrary bytes make the unpickler fail in arbitrary ways
         raise TapsError(f"cannot read DeepSpeed checkpoint {directory} ({path.name}): {_first_line(err)}") from err
 
 
