@@ -4,6 +4,7 @@ Accepts a hub id, a local model directory, or `taps-tiny` for the offline tiny v
 first use). Every failure a user can cause becomes one `TapsError` line naming the path and the fix.
 """
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +38,12 @@ class LoadedVerifier:
     placement: Placement
 
 
-def resolve_verifier_path(name_or_path: str) -> str:
-    """Map `taps-tiny` to its built directory; check local paths; pass hub ids through."""
+def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) -> str:
+    """Map `taps-tiny` to its built directory; check local paths; pass hub ids through.
+
+    A local directory that ships its own Python (`auto_map` in its config or tokenizer config) is refused
+    unless `trust_remote_code`: transformers would import that code, or ask on the terminal whether to.
+    Hub ids are covered by passing `trust_remote_code` explicitly to every `from_pretrained`."""
     if name_or_path == TINY_VERIFIER:
         from taps_train.verifier.tiny import ensure_tiny_verifier
 
@@ -49,10 +54,29 @@ def resolve_verifier_path(name_or_path: str) -> str:
             raise TapsError(f"verifier path {path} is a file; pass the model directory that holds config.json")
         if not (path / "config.json").is_file():
             raise TapsError(f"verifier directory {path} has no config.json; pass a Hugging Face model directory (save_pretrained layout)")
+        if not trust_remote_code:
+            _refuse_custom_code(path)
         return str(path)
     if not _HUB_ID.match(name_or_path) or name_or_path.startswith((".", "~")):
         raise TapsError(f"verifier path {name_or_path} does not exist; pass an existing model directory, a hub id, or {TINY_VERIFIER}")
     return name_or_path
+
+
+def _refuse_custom_code(path: Path) -> None:
+    for name in ("config.json", "tokenizer_config.json"):
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            content = json.loads(file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
+            raise TapsError(f"verifier file {file} is not valid JSON ({_first_line(err)}); re-download or re-save the model directory") from err
+        if isinstance(content, dict) and content.get("auto_map"):
+            raise TapsError(
+                f"verifier directory {path} ships its own Python code ({name} has 'auto_map'); taps-train does not run code "
+                "from model directories. Use a model whose architecture transformers implements, or re-save it with that "
+                "architecture (no auto_map)"
+            )
 
 
 @dataclass
@@ -76,7 +100,7 @@ class VerifierFiles:
 
 def read_verifier_files(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> VerifierFiles:
     """Config and tokenizer of a verifier (a few MB), checked to be a causal LM."""
-    path = resolve_verifier_path(name_or_path)
+    path = resolve_verifier_path(name_or_path, trust_remote_code)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     config = read_config(path, revision, trust_remote_code)
     try:
@@ -108,7 +132,7 @@ def load_verifier(
     `device` in the compute `dtype` (see `placement`): an 8B verifier never passes through host
     RAM in float32."""
     placement = resolve_placement(device, dtype)
-    path = resolve_verifier_path(name_or_path)
+    path = resolve_verifier_path(name_or_path, trust_remote_code)
     hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     read_config(path, revision, trust_remote_code)
     if Path(path).is_dir():

@@ -93,7 +93,7 @@ def read_verifier_parts(
     """
     if dtype is not None and not dtype.is_floating_point:
         raise TapsError(f"verifier parts dtype {dtype} is not a floating-point dtype; pass e.g. torch.bfloat16 or torch.float32")
-    path = resolve_verifier_path(name_or_path)
+    path = resolve_verifier_path(name_or_path, trust_remote_code)
     local = Path(path).is_dir()
     if local:
         check_safetensors_weights(Path(path))  # refuses pickles, naming the file and the conversion

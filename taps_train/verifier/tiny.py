@@ -239,7 +239,7 @@ def _sharegpt_split(spec: TinyVerifierSpec):
 def _tokenizer(path: Path, spec: TinyVerifierSpec, conversations: list[Conversation]) -> PreTrainedTokenizerBase:
     """Train the tokenizer once per build; a resumed build reuses the saved one."""
     if (path / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     texts = [message["content"] for conversation in conversations for message in conversation.messages]
     tokenizer = train_chat_tokenizer(texts, spec.vocab_size)
     tokenizer.save_pretrained(path)
