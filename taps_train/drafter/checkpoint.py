@@ -6,6 +6,7 @@ A Lightning checkpoint from `fit` holds the trainable drafter weights under `dra
 same dict. Loading is `weights_only`: checkpoints are untrusted files.
 """
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -18,15 +19,44 @@ from taps_train.errors import TapsError
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    if is_deepspeed_checkpoint(path):
-        return read_deepspeed_checkpoint(path)
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - arbitrary bytes make the unpickler fail in arbitrary ways
-        raise TapsError(f"cannot read drafter checkpoint {path}: {str(err).splitlines()[0]}") from err
-    if not isinstance(checkpoint, dict) or "taps" not in checkpoint:
-        raise TapsError(f"{path} is not a taps-train drafter checkpoint (no 'taps' section); pass a checkpoint written by `taps-train fit`")
+    """A checkpoint file or DeepSpeed directory, checked to have the layout every reader relies on."""
+    path = Path(path)
+    if not path.exists():
+        raise TapsError(f"drafter checkpoint {path} does not exist; pass a checkpoint written by `taps-train fit` (e.g. checkpoints/<run>/last.ckpt)")
+    checkpoint = read_deepspeed_checkpoint(path) if is_deepspeed_checkpoint(path) else _load_file(path)
+    _check_layout(checkpoint, path)
     return checkpoint
+
+
+def _load_file(path: Path) -> dict:
+    if path.stat().st_size == 0:
+        raise TapsError(f"drafter checkpoint {path} is empty (an interrupted write?); pass a complete checkpoint")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "Unsupported global" in str(err):
+            raise TapsError(f"drafter checkpoint {path} holds pickled objects other than tensors and plain data; refusing to load it "
+                            "(it was not unpickled). Pass a checkpoint written by `taps-train fit`") from err
+        raise TapsError(f"cannot read drafter checkpoint {path}: not a PyTorch checkpoint (corrupt, truncated or another format)") from err
+    except Exception as err:  # noqa: BLE001 - arbitrary bytes make the unpickler fail in arbitrary ways
+        raise TapsError(f"cannot read drafter checkpoint {path}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from err
+
+
+def _check_layout(checkpoint: object, path: Path) -> None:
+    def refuse(what: str) -> TapsError:
+        return TapsError(f"{path} is not a taps-train drafter checkpoint ({what}); pass a checkpoint written by `taps-train fit`")
+
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("taps"), dict):
+        raise refuse("no 'taps' section")
+    taps = checkpoint["taps"]
+    if not isinstance(taps.get("drafter_config"), dict):
+        raise refuse("'taps.drafter_config' missing or not a mapping")
+    verifier = taps.get("verifier")
+    if not isinstance(verifier, dict) or not all(isinstance(verifier.get(key), str) for key in ("path", "weights", "tokenizer")):
+        raise refuse("'taps.verifier' must record path, weights and tokenizer")
+    weights = checkpoint.get("state_dict")
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
+        raise refuse("'state_dict' missing or not a mapping of names to tensors")
 
 
 def check_verifier(checkpoint: dict, fingerprint: dict, where: str) -> None:
