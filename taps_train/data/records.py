@@ -16,6 +16,7 @@ from pathlib import Path
 from taps_train.errors import TapsError
 
 _SEPARATOR = re.compile(r"\s*,?\s*")
+_DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -36,7 +37,8 @@ class ReadReport:
 
 
 def read_records(path: str | Path, report: ReadReport | None = None) -> Iterator[object]:
-    """Yield the records of a `.json` array (or single object) or a `.jsonl` file.
+    """Yield the records of a JSON array, a single JSON object, or JSONL, told apart by content (not by
+    the file's extension). A UTF-8 byte-order mark is ignored.
 
     Invalid UTF-8 is kept as surrogate escapes so that only the records containing it are rejected
     later (`contains_invalid_utf8`), not the whole file.
@@ -47,15 +49,34 @@ def read_records(path: str | Path, report: ReadReport | None = None) -> Iterator
         text = path.read_bytes().decode("utf-8", errors="surrogateescape")
     except OSError as err:
         raise TapsError(f"cannot read data file {path}: {err.strerror or err}; check the path and its permissions") from err
-    stripped = text.lstrip()
-    if path.suffix == ".jsonl" or (stripped and stripped[0] == "{" and path.suffix != ".json"):
-        yield from _read_jsonl(text, report)
+    text = text.removeprefix("\ufeff")
+    start = len(text) - len(text.lstrip())
+    if start == len(text):
+        return
+    if text[start] not in "[{":
+        raise TapsError(f"{report.path} is not valid JSON (starts with {text[start:start + 20]!r}); expected an array of records, one object, or JSONL")
+    if text[start] == "[":
+        yield from _read_array(text, start, report)
+    elif _single_value(text, start):
+        report.records += 1
+        yield _single_value(text, start)[0]
     else:
-        yield from _read_json(text, report)
+        yield from _read_jsonl(text, report)
+
+
+def _single_value(text: str, start: int) -> tuple[object] | None:
+    """(value,) when the whole text is one JSON value, else None (JSONL, or not JSON at all)."""
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return (value,) if not text[end:].strip() else None
 
 
 def _read_jsonl(text: str, report: ReadReport) -> Iterator[object]:
-    for line in text.splitlines():
+    # Records end at "\n" only: U+2028, U+0085 and friends are legal inside JSON strings (`str.splitlines`
+    # would cut records at them).
+    for line in text.split("\n"):
         if not line.strip():
             continue
         try:
@@ -63,35 +84,58 @@ def _read_jsonl(text: str, report: ReadReport) -> Iterator[object]:
         except json.JSONDecodeError:
             report.problems["invalid JSON line"] += 1
             continue
+        except RecursionError:
+            report.problems["JSON nested too deeply"] += 1
+            continue
         report.records += 1
         yield record
 
 
-def _read_json(text: str, report: ReadReport) -> Iterator[object]:
-    decoder = json.JSONDecoder()
-    start = len(text) - len(text.lstrip())
-    if start == len(text):
-        return
-    if text[start] != "[":
-        try:
-            record, _ = decoder.raw_decode(text, start)
-        except json.JSONDecodeError as err:
-            raise TapsError(f"{report.path} is not valid JSON ({err.msg} at char {err.pos}); expected an array of records or JSONL") from err
-        report.records += 1
-        yield record
-        return
+def _read_array(text: str, start: int, report: ReadReport) -> Iterator[object]:
+    """Element by element: a broken element is skipped (counted) and reading goes on after it; an
+    element cut off by the end of the file is the truncated tail."""
     pos = start + 1
     while True:
         pos = _SEPARATOR.match(text, pos).end()
         if pos >= len(text) or text[pos] == "]":
             return
         try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            report.truncated_tail_chars = len(text) - pos
-            return
+            record, pos = _DECODER.raw_decode(text, pos)
+        except (json.JSONDecodeError, RecursionError) as err:
+            end = _element_end(text, pos)
+            if end is None:
+                report.truncated_tail_chars = len(text) - pos
+                return
+            reason = "JSON nested too deeply" if isinstance(err, RecursionError) else "invalid JSON array element"
+            report.problems[reason] += 1
+            pos = end
+            continue
         report.records += 1
         yield record
+
+
+def _element_end(text: str, pos: int) -> int | None:
+    """Where the array element starting at `pos` ends (just past its closing bracket, or at the next
+    top-level comma for a bare value), tracking strings and nesting; None when the text ends first."""
+    depth, in_string, escaped = 0, False, False
+    for index in range(pos, len(text)):
+        char = text[index]
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+            continue
+        if char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+            if depth < 0:  # the array's own "]": a bare broken value ran up to it
+                return index
+        elif char == "," and depth == 0:
+            return index
+    return None
 
 
 def contains_invalid_utf8(value: str) -> bool:
