@@ -374,23 +374,52 @@ def _write_json(path: Path, content: dict) -> None:
 @contextmanager
 def _atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty sibling directory to fill; on success it replaces `out_dir`, on failure it is
-    removed and `out_dir` stays as it was."""
+    removed and `out_dir` stays as it was. An earlier export killed between its two renames left the
+    old export aside (`.<name>.*.old`); it is put back first."""
+    if out_dir.is_symlink():
+        raise TapsError(f"export target {out_dir} is a symbolic link; pass the real directory ({out_dir.resolve()}) as --out")
     if out_dir.exists() and not out_dir.is_dir():
         raise TapsError(f"export target {out_dir} is a file; pass a directory for --out")
+    _recover_retired(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:
             raise TapsError(f"export directory {out_dir} is not empty; pass --overwrite to replace it or choose another --out")
         if not any((out_dir / marker).is_file() for marker in MARKERS):
             raise TapsError(f"refusing to replace {out_dir}: it is not a taps-train export (no {' or '.join(MARKERS)}); "
                             "remove it yourself or choose another --out")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    except OSError as err:
+        raise TapsError(f"cannot write next to {out_dir}: {err.strerror or err}; choose an --out in a writable directory") from err
     try:
         yield staging
+        _refuse_foreign_files(out_dir, staging)
         staging.chmod(0o755)
         _replace_directory(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _recover_retired(out_dir: Path) -> None:
+    if out_dir.exists():
+        return
+    retired = sorted(out_dir.parent.glob(f".{out_dir.name}.*.old"), key=lambda p: p.stat().st_mtime) if out_dir.parent.is_dir() else []
+    if retired:
+        retired[-1].rename(out_dir)
+        print(f"restored the previous export at {out_dir} (an earlier export was interrupted while replacing it)")
+
+
+def _refuse_foreign_files(out_dir: Path, staging: Path) -> None:
+    """--overwrite replaces an export, never files a user put inside it: everything in the old directory
+    must be something this export writes too."""
+    if not out_dir.is_dir():
+        return
+    ours = {p.relative_to(staging) for p in staging.rglob("*")} | {Path(m) for m in MARKERS}
+    foreign = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.relative_to(out_dir) not in ours)
+    if foreign:
+        raise TapsError(f"refusing to replace {out_dir}: it holds files an export does not write ({', '.join(foreign[:3])}"
+                        f"{', ...' if len(foreign) > 3 else ''}); move them out or choose another --out")
 
 
 def _replace_directory(new: Path, target: Path) -> None:
