@@ -43,7 +43,7 @@ def test_build_then_second_call_is_a_no_op(recipe, random_verifier_dir, tmp_path
     assert "ready: " in out and "(10 samples)" in out
     assert " 0.0 MB to write" not in out.split("total:")[1]
     before = snapshot(tmp_path / "cache")
-    cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--verify")
+    cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"))
     out = capsys.readouterr().out
     assert "total:" in out and "0.0 MB to write (bfloat16)" in out and "ready: " in out
     assert snapshot(tmp_path / "cache") == before
@@ -80,7 +80,7 @@ def test_verify_reports_a_corrupt_shard_as_one_line_with_the_rebuild_command(rec
     shard.write_bytes(bytes(blob))
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--verify")
+        cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"))
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err

@@ -20,6 +20,7 @@ Stored feature: the verifier's `last_hidden_state` (after the final norm, equal 
 import bisect
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -275,9 +276,42 @@ def _read_manifest(directory: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except ValueError as err:
+        manifest = json.loads(path.read_text())
+    except (ValueError, RecursionError) as err:
         raise TapsError(f"feature cache manifest {path} is corrupt ({err}); delete {directory} and rebuild") from err
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise TapsError(f"feature cache manifest {path} is damaged ({problem}); delete {directory} and rebuild")
+    return manifest
+
+
+_SHARD_FILE = re.compile(r"^shard-\d{5}\.safetensors$")
+
+
+def _manifest_problem(manifest: object) -> str | None:
+    """What is wrong with a manifest's shape, or None: readers index shards by these fields, and a shard
+    `file` is a bare name (never a path out of the cache directory)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
+        return "not a mapping with a fingerprint"
+    shards, samples = manifest.get("shards"), manifest.get("samples")
+    if not isinstance(shards, list) or not _is_count(samples):
+        return "'shards' must be a list and 'samples' a count"
+    covered = 0
+    for index, shard in enumerate(shards):
+        if not isinstance(shard, dict) or not isinstance(shard.get("file"), str) or not _SHARD_FILE.match(shard["file"]):
+            return f"shard {index} has no valid file name"
+        if not all(_is_count(shard.get(key)) for key in ("start", "end", "bytes", "tokens")) or not isinstance(shard.get("sha256"), str):
+            return f"shard {index} ({shard['file']}) lacks start/end/bytes/tokens/sha256"
+        if shard["start"] != covered or shard["end"] <= shard["start"]:
+            return f"shard {index} ({shard['file']}) covers {shard['start']}:{shard['end']}, expected to start at {covered}"
+        covered = shard["end"]
+    if covered < samples:
+        return f"shards cover {covered} samples, the manifest claims {samples}"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _listed_shards(directory: Path, fingerprint: dict) -> dict[tuple[int, int], dict]:
