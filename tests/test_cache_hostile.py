@@ -56,3 +56,15 @@ def test_replaced_shard_of_the_same_size_is_caught_by_plain_cache(recipe, random
     assert "fails its checksum" in line
     cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--no-verify")  # the opt-out skips the check
     assert "ready: " in capsys.readouterr().out
+
+
+def test_disk_check_counts_headers_and_offsets(recipe, random_verifier_dir, tmp_path, capsys):  # noqa: F811
+    """The space check before a build is an upper bound of what the shards take (it used to leave out the
+    safetensors header and the offsets, so a nearly full disk failed mid-shard after the check passed)."""
+    from taps_train.data.feature_cache import shard_bytes_bound
+
+    manifest = json.loads(_built(recipe, random_verifier_dir, tmp_path, capsys).read_text())
+    hidden = json.loads((random_verifier_dir / "config.json").read_text())["hidden_size"]
+    for shard in manifest["shards"]:
+        bound = shard_bytes_bound(shard["tokens"], shard["end"] - shard["start"], 1, hidden, manifest["fingerprint"]["dtype"])
+        assert shard["bytes"] <= bound <= shard["bytes"] * 1.05 + 8192

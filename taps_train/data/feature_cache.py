@@ -59,6 +59,16 @@ def bytes_per_token(hidden_size: int, dtype: str) -> int:
     return features + 4 + 1
 
 
+SHARD_HEADER_BYTES = 4096  # safetensors JSON header (tensor names, dtypes, offsets, metadata), rounded up
+DISK_MARGIN = 1.02  # filesystem blocks and the manifest; better refuse a little early than fail mid-shard
+
+
+def shard_bytes_bound(tokens: int, samples: int, shards: int, hidden_size: int, dtype: str) -> int:
+    """Bytes the shards of `tokens` tokens in `samples` samples will take, headers and offsets included."""
+    payload = tokens * bytes_per_token(hidden_size, dtype) + 8 * (samples + shards) + SHARD_HEADER_BYTES * shards
+    return int(payload * DISK_MARGIN)
+
+
 def shard_ranges(num_samples: int, shard_samples: int) -> list[tuple[int, int]]:
     return [(start, min(start + shard_samples, num_samples)) for start in range(0, num_samples, shard_samples)]
 
@@ -117,7 +127,7 @@ class ShardWriter:
 
     def _compute(self, samples: list[TokenizedSample], directory: Path, todo: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
-        _check_disk(directory, tokens * bytes_per_token(self.hidden_size, self.settings.dtype))
+        _check_disk(directory, shard_bytes_bound(tokens, sum(b - a for a, b in todo), len(todo), self.hidden_size, self.settings.dtype))
         model = self.verifier()
         with tqdm(total=tokens, desc=f"{self.label}caching features ({directory.name})", unit="tok", unit_scale=True) as bar:
             return {(a, b): _write_shard(model, samples[a:b], directory, (a, b), self.settings, self.pad_id, bar) for a, b in todo}
