@@ -27,7 +27,10 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _weights_hash(directory: Path) -> str:
-    """SHA-256 over the weight files, memoized by (path, size, mtime) because 8B checkpoints are 16 GB."""
+    """SHA-256 over the weight files, memoized because 8B checkpoints are 16 GB. The memo key is (path,
+    size, mtime) plus a hash of sampled blocks (the safetensors header, 16 evenly spaced 4 KB blocks, the
+    end): a file rewritten with other weights of the same size and a restored mtime no longer passes as the
+    old one. A change confined to bytes between the samples still does; delete the memo file to rehash."""
     files = sorted(f for f in directory.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file())
     memo_path = taps_home() / "weights_hashes.json"
     try:
@@ -38,7 +41,7 @@ def _weights_hash(directory: Path) -> str:
     changed = False
     for file in files:
         stat = file.stat()
-        key = f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        key = f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{_sampled_hash(file, stat.st_size)}"
         if key not in memo:
             memo[key] = file_sha256(file)
             changed = True
@@ -48,4 +51,14 @@ def _weights_hash(directory: Path) -> str:
         tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(memo))
         os.replace(tmp, memo_path)
+    return digest.hexdigest()[:16]
+
+
+def _sampled_hash(path: Path, size: int, head: int = 1 << 16, block: int = 1 << 12, blocks: int = 16) -> str:
+    """Hash of a file's first 64 KB, `blocks` evenly spaced blocks and last 64 KB: ~200 KB read whatever the size."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for offset in [0, *(size * i // (blocks + 1) for i in range(1, blocks + 1)), max(0, size - head)]:
+            file.seek(offset)
+            digest.update(file.read(head if offset in (0, max(0, size - head)) else block))
     return digest.hexdigest()[:16]
