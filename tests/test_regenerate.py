@@ -140,3 +140,26 @@ def test_recipe_option_regenerates_once_and_records_it_in_the_cache(verifier, ra
     recipe.write_text(recipe.read_text().replace("    regenerate: {temperature: 0.0, max_new_tokens: 6, seed: 0}\n", ""))
     [fixed_text] = RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache").sources()
     assert fixed_text.directory != source.directory  # fixed and regenerated text never share a cache
+
+
+def test_leading_assistant_turns_and_prompts_without_room_do_not_crash(verifier, tmp_path, capsys):
+    items = [Conversation("lead", [{"role": "assistant", "content": "Hello! Ask me."}, {"role": "user", "content": "What is 2 + 2?"},
+                                   {"role": "assistant", "content": "ORIGINAL"}]),
+             Conversation("only-reply", [{"role": "assistant", "content": "ORIGINAL monologue"}]),
+             Conversation("too-long", [{"role": "user", "content": "How many apples? " * 40}, {"role": "assistant", "content": "ORIGINAL"}])]
+    lead, only_reply, too_long = run(verifier, items, GREEDY, tmp_path / "r.jsonl", max_length=64)
+    assert [m["role"] for m in lead.messages] == ["user", "assistant"] and lead.messages[1]["content"] != "ORIGINAL"
+    assert only_reply == items[1] and too_long == items[2]  # nothing to regenerate: kept as they were, and counted
+    assert "2 conversations kept their original replies" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["cut", "not json", "wrong type", "foreign id", "deep nesting"])
+def test_damaged_lines_in_the_resume_file_are_dropped_from_there(verifier, tmp_path, damage):
+    items = conversations(40)
+    path = tmp_path / "r.jsonl"
+    first = run(verifier, items, GREEDY, path)
+    lines = path.read_text().split("\n")
+    bad = {"cut": lines[35][:10], "not json": "{{{", "wrong type": json.dumps({"id": items[35].id, "messages": "hi"}),
+           "foreign id": json.dumps({"id": "other", "messages": []}), "deep nesting": "[" * 100_000}[damage]
+    path.write_text("\n".join(lines[:35] + [bad] + lines[36:]))
+    assert run(verifier, items, GREEDY, path) == first  # resumed at chunk 32 and regenerated the rest identically

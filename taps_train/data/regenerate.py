@@ -28,34 +28,62 @@ def regenerate(
     max_length: int,
     cache_file: Path,
 ) -> list[Conversation]:
-    done = _read_done(cache_file, len(conversations))
+    done = _read_done(cache_file, conversations)
     cache_file.parent.mkdir(parents=True, exist_ok=True)
+    kept = 0
     with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc="regenerating replies", unit="conv") as bar:
         for start in range(len(done), len(conversations), CHUNK):
             torch.manual_seed(spec.seed * 1_000_003 + start)
-            chunk = _regenerate_chunk(conversations[start : start + CHUNK], model, tokenizer, spec, max_length)
+            originals = conversations[start : start + CHUNK]
+            chunk = _regenerate_chunk(originals, model, tokenizer, spec, max_length)
+            # No reply could be generated (no user turn before any reply, or no room within max_length):
+            # the conversation keeps its original text rather than leaving a hole in the sample positions.
+            chunk = [new if new.messages else original for new, original in zip(chunk, originals)]
+            kept += sum(new is original for new, original in zip(chunk, originals))
             for conversation in chunk:
                 out.write(json.dumps({"id": conversation.id, "messages": conversation.messages}) + "\n")
             out.flush()
             done += chunk
             bar.update(len(chunk))
+    if kept:
+        print(f"regeneration: {kept} conversations kept their original replies (no user turn before a reply, or no room for one within max_length)")
     return done[: len(conversations)]
 
 
-def _read_done(cache_file: Path, total: int) -> list[Conversation]:
-    """Complete lines of a previous run; a line cut by a crash is dropped and the file trimmed.
+def _read_done(cache_file: Path, conversations: list[Conversation]) -> list[Conversation]:
+    """The valid records of a previous run, in order; reading stops at the first cut, damaged or foreign
+    line, and the file is trimmed to what is kept (rewritten only then).
 
     An unfinished run resumes on a chunk boundary (seeds are per chunk); a finished one is kept whole,
     or its last, shorter chunk would be regenerated on every call.
     """
     if not cache_file.exists():
         return []
-    lines = cache_file.read_text().split("\n")
-    complete = [json.loads(line) for line in lines[:-1]]
-    if len(complete) < total:
-        complete = complete[: len(complete) // CHUNK * CHUNK]
-    cache_file.write_text("".join(json.dumps(c) + "\n" for c in complete))
-    return [Conversation(c["id"], c["messages"]) for c in complete]
+    lines = cache_file.read_text(errors="replace").split("\n")
+    done = []
+    for line, expected in zip(lines[:-1], conversations):
+        record = _record(line)
+        if record is None or record.id != expected.id:
+            break
+        done.append(record)
+    if len(done) < len(conversations):
+        done = done[: len(done) // CHUNK * CHUNK]
+    if len(done) != len(lines) - 1 or lines[-1]:
+        cache_file.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in done))
+    return done
+
+
+def _record(line: str) -> Conversation | None:
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str) or not isinstance(record.get("messages"), list):
+        return None
+    messages = record["messages"]
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages):
+        return None
+    return Conversation(record["id"], messages)
 
 
 @torch.no_grad()
@@ -69,7 +97,8 @@ def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int
             if finished[i] or turn >= len(conversation.messages):
                 continue
             if conversation.messages[turn]["role"] == "assistant":
-                waiting.append(i)
+                if any(m["role"] == "user" for m in messages[i]):  # a reply before any prompt has nothing to answer: dropped
+                    waiting.append(i)
             else:
                 messages[i].append(conversation.messages[turn])
         prompts = {i: tokenizer.apply_chat_template(messages[i], tokenize=False, add_generation_prompt=True) for i in waiting}
