@@ -79,15 +79,71 @@ def run_lightning(args: list[str] | None, command: str) -> None:
             # One verifier per run: the datamodule caches the features of the verifier the drafter serves.
             parser.link_arguments("model.init_args.verifier", "data.init_args.verifier")
 
-    TapsCLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}"},
-    )
+        def parse_arguments(self, parser, args) -> None:
+            super().parse_arguments(parser, args)
+            # Right after parsing: Lightning itself torch.loads a --ckpt_path file next (for its hyperparameters),
+            # and only then reads the verifier; a bad checkpoint fails first, as one line naming it.
+            subcommand = self.config.get("subcommand")
+            if subcommand:
+                check_ckpt_path(self.config[subcommand].get("ckpt_path"))
+
+    try:
+        TapsCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}"},
+        )
+    except TapsError:
+        raise
+    except Exception as err:
+        # jsonargparse wraps what a constructor raises (a Union of subclass types lists every subtype's
+        # error) into a multi-page ValueError; a TapsError inside it is the user's error, in one line.
+        cause = wrapped_taps_error(err)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+# Values of Trainer.fit/validate/test(ckpt_path=...) that name no file: Lightning resolves them itself.
+LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")
+
+
+def check_ckpt_path(ckpt_path: object) -> None:
+    """Read a `--ckpt_path` checkpoint once up front (drafters are small), so a missing, empty or foreign
+    file, or a directory that is not a DeepSpeed checkpoint, is one line naming it, not Lightning's traceback."""
+    if ckpt_path is None:
+        return
+    path = str(ckpt_path)
+    if path in LIGHTNING_CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
+        return
+    from taps_train.drafter.checkpoint import read_checkpoint
+
+    try:
+        read_checkpoint(path)
+    except TapsError as err:
+        raise TapsError(f"--ckpt_path: {err}") from None
+
+
+def wrapped_taps_error(err: BaseException) -> TapsError | None:
+    """The TapsError that jsonargparse/Lightning wrapped into `err`, if the chain down to it holds only
+    their wrappers (ValueError, jsonargparse's and argparse's errors); otherwise None (a genuine bug)."""
+    import argparse
+
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TapsError):
+            return current
+        wrapper = isinstance(current, (ValueError, argparse.ArgumentError)) or type(current).__module__.startswith("jsonargparse")
+        if not wrapper:
+            return None
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def run_cache_command(args: list[str]) -> None:
