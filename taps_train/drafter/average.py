@@ -1,5 +1,8 @@
 """Weight-space averaging of drafters (TAPS's "Averaged" baseline): θ = Σ λ_i θ_i."""
 
+import math
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -8,20 +11,26 @@ from taps_train.drafter.checkpoint import read_checkpoint
 from taps_train.errors import TapsError
 
 
-def check_weights(weights: list[float], count: int) -> list[float]:
+def check_weights(weights: list[float], count: int, option: str = "--weights") -> list[float]:
     if len(weights) != count:
-        raise TapsError(f"got {len(weights)} averaging weights for {count} drafters")
-    if any(w < 0 for w in weights) or abs(sum(weights) - 1.0) > 1e-6:
-        raise TapsError(f"averaging weights must be non-negative and sum to 1, got {weights}")
+        raise TapsError(f"{option}: got {len(weights)} averaging weights for {count} drafters; pass one weight per drafter")
+    bad = [w for w in weights if not math.isfinite(w) or w < 0]
+    if bad:
+        raise TapsError(f"{option}: averaging weights must be finite and non-negative, got {weights}; pass e.g. "
+                        f"{' '.join(['%g' % (1 / count)] * count)}")
+    if abs(sum(weights) - 1.0) > 1e-6:
+        raise TapsError(f"{option}: averaging weights must sum to 1, got {weights} (sum {sum(weights):g}); rescale them")
     return weights
 
 
 def average_checkpoints(paths: list[str | Path], weights: list[float] | None = None) -> dict:
     """A checkpoint dict (same format as `fit`'s) whose drafter weights are the λ-weighted average."""
     if len(paths) < 2:
-        raise TapsError(f"averaging needs at least two drafters, got {len(paths)}")
-    weights = check_weights(weights or [1.0 / len(paths)] * len(paths), len(paths))
+        raise TapsError(f"--drafters: averaging needs at least two drafters, got {len(paths)}; pass two or more checkpoints")
+    weights = check_weights(weights if weights is not None else [1.0 / len(paths)] * len(paths), len(paths))
     checkpoints = [read_checkpoint(path) for path in paths]
+    for path, checkpoint in zip(paths, checkpoints):
+        _check_finite(checkpoint["state_dict"], f"drafter checkpoint {path}", "pass a checkpoint from a run that did not diverge")
     first = checkpoints[0]
     for path, checkpoint in zip(paths[1:], checkpoints[1:]):
         if checkpoint["taps"]["verifier"] != first["taps"]["verifier"]:
@@ -34,11 +43,40 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
         key: sum(w * c["state_dict"][key].float() for w, c in zip(weights, checkpoints)).to(first["state_dict"][key].dtype)
         for key in first["state_dict"]
     }
+    _check_finite(state, f"the average of {', '.join(map(str, paths))}", "the weighted sum overflows the dtype; check the inputs")
     return {"state_dict": state, "taps": {**first["taps"], "averaged_from": [str(p) for p in paths], "averaging_weights": weights}}
 
 
+def _check_finite(state: dict, what: str, fix: str) -> None:
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise TapsError(f"{what} has non-finite values (NaN/inf) in {key}; {fix}")
+
+
+def check_output(paths: list[str | Path], output: str | Path, option: str = "--output") -> Path:
+    output = Path(output).expanduser()
+    if output.is_dir():
+        raise TapsError(f"{option} {output} is an existing directory; pass a file path such as {output / 'averaged.ckpt'}")
+    resolved = output.resolve()
+    for path in paths:
+        if Path(path).expanduser().resolve() == resolved:
+            raise TapsError(f"{option} {output} is also an input drafter ({path}); write the average to a new file")
+    return output
+
+
 def write_average(paths: list[str | Path], weights: list[float] | None, output: str | Path) -> Path:
-    output = Path(output)
+    output = check_output(paths, output)
+    checkpoint = average_checkpoints(paths, weights)
     output.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(average_checkpoints(paths, weights), output)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(checkpoint, handle)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return output

@@ -3,12 +3,13 @@ one JSON report per temperature (design.md, "Eval report"), and a τ table on st
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from taps_train.drafter.average import average_checkpoints
+from taps_train.drafter.average import average_checkpoints, check_weights
 from taps_train.drafter.checkpoint import (
     check_verifier,
     drafter_from_checkpoint,
@@ -21,7 +22,11 @@ from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
-from taps_train.verifier.loading import load_verifier
+from taps_train.verifier.loading import (
+    load_verifier,
+    read_config,
+    resolve_verifier_path,
+)
 from taps_train.verifier.placement import add_placement_arguments
 
 OFFLINE_BENCHMARKS = ["math_heldout", "arith_offline", "chat_heldout"]
@@ -53,6 +58,7 @@ def run_eval(args: list[str]) -> None:
     options = parser().parse_args(args)
     if (options.strategy == "single") != (len(options.drafters) == 1):
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
+    check_options(options)
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
     verifier = load_verifier(options.verifier, options.device, options.verifier_dtype)
     fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
@@ -95,6 +101,43 @@ def run_eval(args: list[str]) -> None:
         from taps_train.tracking import log_eval_reports
 
         print(f"W&B run: {log_eval_reports(options.wandb_project, written)}")
+
+
+def check_options(options: argparse.Namespace) -> None:
+    """Refuse out-of-range options before the verifier or any drafter is loaded."""
+    def refuse(option: str, value, need: str) -> TapsError:
+        return TapsError(f"{option} {value} is out of range: need {need}")
+
+    if options.prompts < 1:
+        raise refuse("--prompts", options.prompts, "at least 1 prompt per benchmark")
+    if options.max_new_tokens < 1:
+        raise refuse("--max-new-tokens", options.max_new_tokens, "at least 1")
+    if options.total_tokens < 2:
+        raise refuse("--total-tokens", options.total_tokens, "at least 2 (the root and one draft token)")
+    if not 1 <= options.depth <= options.total_tokens - 1:
+        raise refuse("--depth", options.depth, f"1 <= depth <= total tokens - 1 = {options.total_tokens - 1}")
+    if options.top_k < 1:
+        raise refuse("--top-k", options.top_k, "at least 1")
+    bad = [t for t in options.temperatures if not math.isfinite(t) or t < 0]
+    if bad:
+        raise refuse("--temperatures", " ".join(f"{t:g}" for t in bad), "finite values >= 0 (0 is greedy)")
+    if not (math.isfinite(options.top_p) and 0 < options.top_p <= 1):
+        raise refuse("--top-p", f"{options.top_p:g}", "0 < top-p <= 1 (1 disables nucleus sampling)")
+    if options.weights is not None:
+        if options.strategy != "average":
+            raise TapsError(f"--weights applies only to --strategy average, not '{options.strategy}'; drop --weights or pass --strategy average")
+        check_weights(options.weights, len(options.drafters))
+    output = Path(options.output).expanduser()
+    for path in {output, *(_report_path(output, t, len(options.temperatures)) for t in options.temperatures)}:
+        if path.is_dir():
+            raise TapsError(f"--output {path} is an existing directory; pass a report file path such as {path / 'report.json'}")
+    config = read_config(resolve_verifier_path(options.verifier))
+    context = getattr(config, "max_position_embeddings", None)
+    if context and options.max_new_tokens >= context:
+        raise refuse("--max-new-tokens", options.max_new_tokens, f"fewer than the verifier's context of {context} tokens (prompt included)")
+    vocab = getattr(config, "vocab_size", None)
+    if vocab and options.top_k > vocab:
+        raise refuse("--top-k", options.top_k, f"at most the verifier's vocabulary size {vocab}")
 
 
 def averaged_drafter(paths: list[str], weights: list[float] | None, verifier, fingerprint: dict):

@@ -30,6 +30,8 @@ class BenchmarkTally:
     entropy: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
     confidence: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
     wall_time_s: float = 0.0
+    label: str = ""
+    max_new_tokens: int = 0
 
     def add(self, generation: Generation) -> None:
         for stats in generation.rounds:
@@ -56,6 +58,13 @@ class BenchmarkTally:
         return self.new_tokens / self.verify_calls if self.verify_calls else 0.0
 
     def report(self, drafter_names: list[str] | None = None) -> dict:
+        """The benchmark's entry in the eval report; a benchmark with no decoded prompt has no τ and is refused."""
+        if self.prompts == 0:
+            name = self.label or "(unnamed)"
+            if self.skipped_too_long:
+                raise TapsError(f"benchmark {name}: none of its prompts was decoded (all {self.skipped_too_long} plus "
+                                f"--max-new-tokens {self.max_new_tokens} exceed the verifier's context); lower --max-new-tokens or use shorter prompts")
+            raise TapsError(f"benchmark {name}: no prompts to decode; check the benchmark file and --prompts")
         result = {
             "acceptance_length": self.acceptance_length,
             "verify_calls": self.verify_calls,
@@ -85,7 +94,7 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]])
 def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_new_tokens: int,
                   seed: int = 0, label: str = "", progress: bool = True) -> BenchmarkTally:
     """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer)."""
-    tally = BenchmarkTally()
+    tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens)
     began = time.perf_counter()
     for index, prompt in enumerate(tqdm(prompts, desc=f"decoding {label}", unit="prompt", disable=not progress, leave=False)):
         messages = []
