@@ -100,7 +100,12 @@ class RecipePreparer:
         self.selected = [select(selection, recipe.seed) for selection in recipe.sources]
         self.path = resolve_verifier_path(verifier)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
-        self.hidden_size = AutoConfig.from_pretrained(self.path, trust_remote_code=False).hidden_size
+        config = AutoConfig.from_pretrained(self.path, trust_remote_code=False)
+        self.hidden_size = config.hidden_size
+        context = getattr(config, "max_position_embeddings", None)
+        if isinstance(context, int) and recipe.max_length > context:  # positions the verifier never trained on
+            raise TapsError(f"recipe {recipe.name} has max_length {recipe.max_length} but verifier {verifier} has a context of "
+                            f"{context} tokens (max_position_embeddings); set max_length <= {context} in the recipe")
         self.fingerprint = verifier_fingerprint(self.path, self.tokenizer)
         self._verifier: LoadedVerifier | None = None
 

@@ -8,9 +8,11 @@ count is a prefix of a larger one, so `mixed_35k_35k` reuses the feature caches 
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -58,65 +60,176 @@ class SelectedSource:
     key: str  # fingerprint of pool + seed + heldout: the same for any `count`
 
 
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range; larger seeds would fail deep inside regeneration
+
+RECIPE_FIELDS = ("name", "sources", "max_length", "seed")
+SELECTION_FIELDS = ("source", "args", "count", "heldout", "regenerate")
+REGENERATE_FIELDS = ("temperature", "max_new_tokens", "seed")
+
+
+class _Field:
+    """What one field accepts, as (check, description): `check(value)` is true for an accepted value."""
+
+    def __init__(self, check, expected: str):
+        self.check, self.expected = check, expected
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # YAML `yes`/`true` are bools, and bool is an int
+
+
+NON_EMPTY_STR = _Field(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string")
+OPTIONAL_STR = _Field(lambda v: v is None or (isinstance(v, str) and v.strip() != ""), "a non-empty string or null (quote numeric revisions)")
+POSITIVE_INT = _Field(lambda v: _is_int(v) and v > 0, "a positive integer")
+NON_NEGATIVE_INT = _Field(lambda v: _is_int(v) and v >= 0, "a non-negative integer")
+SEED = _Field(lambda v: _is_int(v) and 0 <= v <= MAX_SEED, f"an integer seed in [0, {MAX_SEED}]")
+MAX_LENGTH = _Field(lambda v: _is_int(v) and v >= 2, "an integer >= 2")
+TEMPERATURE = _Field(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                     "a finite number >= 0 (0 is greedy)")
+
+# Type and range of every argument of every source (the dataclasses in taps_train.data.sources); a test
+# keeps this table and the dataclass fields in step.
+SOURCE_ARGS: dict[str, dict[str, _Field]] = {
+    "sharegpt": {"location": NON_EMPTY_STR, "filename": NON_EMPTY_STR, "revision": OPTIONAL_STR},
+    "mathinstruct": {"location": NON_EMPTY_STR, "filename": NON_EMPTY_STR, "revision": OPTIONAL_STR},
+    "gsm_symbolic": {"size": POSITIVE_INT, "seed": SEED},
+    "jsonl": {"path": NON_EMPTY_STR},
+}
+REQUIRED_ARGS = {"jsonl": ("path",)}
+REGENERATE_ARGS = {"temperature": TEMPERATURE, "max_new_tokens": POSITIVE_INT, "seed": SEED}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} ({type(value).__name__})" if value is not None else text
+
+
+class _Checker:
+    """Raises one-line TapsErrors that name the recipe file and the dotted field."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, message: str) -> NoReturn:
+        raise TapsError(f"recipe {self.path}: {message}")
+
+    def field(self, where: str, value: object, spec: _Field) -> object:
+        if not spec.check(value):
+            self.fail(f"{where} must be {spec.expected}, got {_shown(value)}")
+        return value
+
+    def keys(self, where: str, mapping: dict, allowed: tuple[str, ...]) -> None:
+        odd = [k for k in mapping if not isinstance(k, str)]
+        if odd:
+            self.fail(f"{where or 'top level'}: field names must be strings, got {_shown(odd[0])}")
+        unknown = sorted(set(mapping) - set(allowed))
+        if unknown:
+            self.fail(f"{where + ': ' if where else ''}unknown field(s) {unknown}; allowed: {', '.join(allowed)}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (the later one would silently win).
+    Keys merged in with `<<: *anchor` may still be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key_node.value!r}", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
 def load_recipe(path: str | Path) -> Recipe:
-    """Parse and validate a recipe YAML; every problem names the file and the field."""
+    """Parse and validate a recipe YAML: the type and range of every field, unknown fields at every level.
+
+    Every problem is one `TapsError` line naming the file, the field (`sources[1].args.size`) and what it
+    must be; nothing reaches `select` or the cache keys unchecked (a `seed: null` would draw a new split
+    on every run under one cache key)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise TapsError(f"cannot read recipe {path}: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise TapsError(f"recipe {path} is not UTF-8 text ({err.reason} at byte {err.start})") from err
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as err:
-        raise TapsError(f"recipe {path} is not valid YAML: {err}") from err
+        raise TapsError(f"recipe {path} is not valid YAML: {_one_line(err)}") from err
+    except RecursionError as err:
+        raise TapsError(f"recipe {path} is nested too deeply to be a recipe") from err
     if not isinstance(raw, dict):
-        raise TapsError(f"recipe {path} must be a mapping with 'name' and 'sources'")
-    unknown = set(raw) - {"name", "sources", "max_length", "seed"}
-    if unknown:
-        raise TapsError(f"recipe {path}: unknown field(s) {sorted(unknown)}; allowed: name, sources, max_length, seed")
-    if not isinstance(raw.get("sources"), list) or not raw["sources"]:
-        raise TapsError(f"recipe {path}: 'sources' must be a non-empty list")
-    selections = [_selection(path, index, entry) for index, entry in enumerate(raw["sources"])]
-    recipe = Recipe(name=str(raw.get("name", path.stem)), sources=selections, max_length=raw.get("max_length", 2048), seed=raw.get("seed", 0))
-    if not isinstance(recipe.max_length, int) or recipe.max_length < 2:
-        raise TapsError(f"recipe {path}: max_length must be an integer >= 2, got {recipe.max_length!r}")
-    return recipe
+        raise TapsError(f"recipe {path} must be a mapping with 'name' and 'sources', got {_shown(raw)}")
+    check = _Checker(path)
+    check.keys("", raw, RECIPE_FIELDS)
+    name = check.field("name", raw.get("name", path.stem), NON_EMPTY_STR)
+    sources = raw.get("sources")
+    if not isinstance(sources, list) or not sources:
+        check.fail(f"'sources' must be a non-empty list of source mappings, got {_shown(sources)}")
+    max_length = check.field("max_length", raw.get("max_length", 2048), MAX_LENGTH)
+    seed = check.field("seed", raw.get("seed", 0), SEED)
+    selections = [_selection(check, index, entry) for index, entry in enumerate(sources)]
+    return Recipe(name=name, sources=selections, max_length=max_length, seed=seed)
 
 
-def _selection(path: Path, index: int, entry: object) -> SourceSelection:
-    where = f"recipe {path}, sources[{index}]"
+def _selection(check: _Checker, index: int, entry: object) -> SourceSelection:
+    where = f"sources[{index}]"
     if not isinstance(entry, dict):
-        raise TapsError(f"{where} must be a mapping with 'source' and 'count'")
-    unknown = set(entry) - {"source", "args", "count", "heldout", "regenerate"}
-    if unknown:
-        raise TapsError(f"{where}: unknown field(s) {sorted(unknown)}")
-    if entry.get("source") not in SOURCES:
-        raise TapsError(f"{where}: unknown source {entry.get('source')!r}; known sources: {', '.join(SOURCES)}")
-    for name in ("count", "heldout"):
-        value = entry.get(name, 0)
-        if not isinstance(value, int) or value < 0:
-            raise TapsError(f"{where}: '{name}' must be a non-negative integer, got {value!r}")
-    if entry.get("count", 0) == 0 and entry.get("heldout", 0) == 0:
-        raise TapsError(f"{where}: set 'count' (training samples) and/or 'heldout' (evaluation samples)")
-    try:  # argument errors and missing local files surface here, before any work
-        source = make_source(entry["source"], entry.get("args") or {})
+        check.fail(f"{where} must be a mapping with 'source' and 'count', got {_shown(entry)}")
+    check.keys(where, entry, SELECTION_FIELDS)
+    name = entry.get("source")
+    if not isinstance(name, str) or name not in SOURCES:
+        check.fail(f"{where}: unknown source {name!r}; known sources: {', '.join(SOURCES)} (set {where}.source to one of them)")
+    counts = {key: check.field(f"{where}.{key}", entry.get(key, 0), NON_NEGATIVE_INT) for key in ("count", "heldout")}
+    if counts["count"] == 0 and counts["heldout"] == 0:
+        check.fail(f"{where}: set 'count' (training samples) and/or 'heldout' (evaluation samples) to a positive integer")
+    args = entry.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        check.fail(f"{where}.args must be a mapping of {name} arguments ({', '.join(SOURCE_ARGS.get(name, {}))}), got {_shown(args)}")
+    specs = SOURCE_ARGS.get(name)
+    if specs is not None:
+        check.keys(f"{where}.args", args, tuple(specs))
+        for required in REQUIRED_ARGS.get(name, ()):
+            if required not in args:
+                check.fail(f"{where}.args.{required} is required for source {name}")
+        for key, value in args.items():
+            check.field(f"{where}.args.{key}", value, specs[key])
+    try:  # any remaining argument errors surface here, before any work
+        source = make_source(name, args)
     except TapsError as err:
-        raise TapsError(f"{where}: {err}") from err
+        check.fail(f"{where}: {err}")
     if isinstance(source, Jsonl) and not Path(source.path).expanduser().is_file():
-        raise TapsError(f"{where}: args.path {source.path} does not exist or is not a file")
-    return SourceSelection(entry["source"], entry.get("args") or {}, entry.get("count", 0), entry.get("heldout", 0), _regenerate(where, entry.get("regenerate")))
+        check.fail(f"{where}.args.path {source.path} does not exist or is not a file")
+    return SourceSelection(name, args, counts["count"], counts["heldout"], _regenerate(check, where, entry.get("regenerate")))
 
 
-def _regenerate(where: str, value: object) -> Regenerate | None:
+def _regenerate(check: _Checker, where: str, value: object) -> Regenerate | None:
     """`regenerate: true` or a mapping of `Regenerate` fields; a typo must not pass as a traceback."""
     if value is None or value is False:
         return None
     if value is True:
         return Regenerate()
+    where = f"{where}.regenerate"
     if not isinstance(value, dict):
-        raise TapsError(f"{where}: 'regenerate' must be true or a mapping of temperature, max_new_tokens, seed; got {value!r}")
-    try:
-        return Regenerate(**value)
-    except TypeError as err:
-        raise TapsError(f"{where}: bad 'regenerate' options ({err}); allowed: temperature, max_new_tokens, seed") from err
+        check.fail(f"{where} must be true, false or a mapping of {', '.join(REGENERATE_FIELDS)}; got {_shown(value)}")
+    check.keys(where, value, REGENERATE_FIELDS)
+    for key, item in value.items():
+        check.field(f"{where}.{key}", item, REGENERATE_ARGS[key])
+    options = dict(value)
+    if "temperature" in options:
+        options["temperature"] = float(options["temperature"])  # `1` and `1.0` share a cache key
+    return Regenerate(**options)
 
 
 def select(selection: SourceSelection, seed: int) -> SelectedSource:
