@@ -15,7 +15,7 @@ from transformers import LlamaConfig
 
 from taps_train.drafter.deepspeed_checkpoint import is_deepspeed_checkpoint, read_deepspeed_checkpoint
 from taps_train.drafter.model import Drafter
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -39,7 +39,7 @@ def _load_file(path: Path) -> dict:
                             "(it was not unpickled). Pass a checkpoint written by `taps-train fit`") from err
         raise TapsError(f"cannot read drafter checkpoint {path}: not a PyTorch checkpoint (corrupt, truncated or another format)") from err
     except Exception as err:  # noqa: BLE001 - arbitrary bytes make the unpickler fail in arbitrary ways
-        raise TapsError(f"cannot read drafter checkpoint {path}: {(str(err).strip().splitlines() or [type(err).__name__])[0]}") from err
+        raise TapsError(f"cannot read drafter checkpoint {path}: {first_line(err)}") from err
 
 
 def _check_layout(checkpoint: object, path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 
 # What ZeRO optimizer-state files pickle besides tensors and builtins (DeepSpeed 0.15-0.19).
 _ALLOWED = (
@@ -93,7 +93,7 @@ def _merged_weights(directory: Path, tag: str) -> dict[str, torch.Tensor]:
         with _weights_only_loading(), contextlib.redirect_stdout(io.StringIO()):
             return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag, exclude_frozen_parameters=True)
     except (OSError, RuntimeError, ValueError, KeyError, IndexError, AssertionError, EOFError, pickle.UnpicklingError) as err:
-        raise TapsError(f"cannot merge the ZeRO partitions of DeepSpeed checkpoint {directory}: {_first_line(err)}") from err
+        raise TapsError(f"cannot merge the ZeRO partitions of DeepSpeed checkpoint {directory}: {first_line(err)}") from err
 
 
 def _load(path: Path, directory: Path):
@@ -101,7 +101,7 @@ def _load(path: Path, directory: Path):
         with torch.serialization.safe_globals(_allowed_classes()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - arbitrary bytes make the unpickler fail in arbitrary ways
-        raise TapsError(f"cannot read DeepSpeed checkpoint {directory} ({path.name}): {_first_line(err)}") from err
+        raise TapsError(f"cannot read DeepSpeed checkpoint {directory} ({path.name}): {first_line(err)}") from err
 
 
 @contextlib.contextmanager
@@ -131,7 +131,3 @@ def _allowed_classes() -> list:
         except (ImportError, AttributeError):  # absent in this DeepSpeed version: then its files cannot hold it either
             continue
     return classes
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -20,7 +20,7 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 from taps_train.verifier.placement import COMPUTE_DTYPES, Placement, resolve_placement
 
 TINY_VERIFIER = "taps-tiny"
@@ -70,7 +70,7 @@ def _refuse_custom_code(path: Path) -> None:
         try:
             content = json.loads(file.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
-            raise TapsError(f"verifier file {file} is not valid JSON ({_first_line(err)}); re-download or re-save the model directory") from err
+            raise TapsError(f"verifier file {file} is not valid JSON ({first_line(err)}); re-download or re-save the model directory") from err
         if isinstance(content, dict) and content.get("auto_map"):
             raise TapsError(
                 f"verifier directory {path} ships its own Python code ({name} has 'auto_map'); taps-train does not run code "
@@ -106,7 +106,7 @@ def read_verifier_files(name_or_path: str, revision: str | None = None, trust_re
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     except (OSError, ValueError) as err:
-        raise TapsError(f"cannot load the tokenizer of verifier {path}: {_first_line(err)}; re-download or rebuild the model directory") from err
+        raise TapsError(f"cannot load the tokenizer of verifier {path}: {first_line(err)}; re-download or rebuild the model directory") from err
     return VerifierFiles(path=path, config=config, tokenizer=tokenizer, revision=revision)
 
 
@@ -141,7 +141,7 @@ def load_verifier(
         model = AutoModelForCausalLM.from_pretrained(path, **placement.from_pretrained_kwargs(), use_safetensors=True, **hub)
         tokenizer = AutoTokenizer.from_pretrained(path, **hub)
     except (OSError, ValueError, RuntimeError) as err:
-        raise TapsError(f"cannot load verifier weights/tokenizer from {path}: {_first_line(err)}; re-download or rebuild the model directory") from err
+        raise TapsError(f"cannot load verifier weights/tokenizer from {path}: {first_line(err)}; re-download or rebuild the model directory") from err
     model.eval().requires_grad_(False)
     return LoadedVerifier(name=name_or_path, path=path, model=model, tokenizer=tokenizer, placement=placement)
 
@@ -151,15 +151,10 @@ def read_config(path: str, revision: str | None = None, trust_remote_code: bool 
     try:
         config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise TapsError(f"cannot read the config of verifier {path}: {_first_line(err)}; check the id/path (hub access needs network and HF_TOKEN for gated models)") from err
+        raise TapsError(f"cannot read the config of verifier {path}: {first_line(err)}; check the id/path (hub access needs network and HF_TOKEN for gated models)") from err
     is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
         trust_remote_code and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
     )
     if not is_causal:
         raise TapsError(f"verifier {path} is a '{config.model_type}' model without a causal-LM head; pass a decoder-only LM (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")
     return config
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -28,7 +28,7 @@ from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 from taps_train.verifier.loading import check_safetensors_weights, read_config, resolve_verifier_path
 
 INDEX = "model.safetensors.index.json"
@@ -137,7 +137,7 @@ def _inspect_architecture(config: PretrainedConfig, path: str, trust_remote_code
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, ImportError) as err:
-        raise TapsError(f"verifier {path} ('{config.model_type}') is not a causal LM transformers can build: {_first_line(err)}; pass a decoder-only LM") from err
+        raise TapsError(f"verifier {path} ('{config.model_type}') is not a causal LM transformers can build: {first_line(err)}; pass a decoder-only LM") from err
     embed_module, head_module = model.get_input_embeddings(), model.get_output_embeddings()
     if head_module is None:
         raise TapsError(f"verifier {path} ('{config.model_type}') has no output embedding (LM head); pass a causal LM with one")
@@ -177,7 +177,7 @@ def _hub_file(repo: str, name: str, revision: str | None) -> Path | None:
             return None  # may be a single-file model; model.safetensors is tried next
         raise TapsError(f"cannot fetch {name} of {repo}@{revision or 'main'}: not in the local Hugging Face cache and the hub is unreachable; download it once with network") from err
     except OSError as err:
-        raise TapsError(f"cannot fetch {name} of {repo}@{revision or 'main'}: {_first_line(err)}; check the id, revision, network and HF_TOKEN") from err
+        raise TapsError(f"cannot fetch {name} of {repo}@{revision or 'main'}: {first_line(err)}; check the id, revision, network and HF_TOKEN") from err
 
 
 def _key_files(fetch: Callable[[str], Path | None], path: str) -> tuple[dict[str, str], str]:
@@ -187,7 +187,7 @@ def _key_files(fetch: Callable[[str], Path | None], path: str) -> tuple[dict[str
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise TapsError(f"{index} is not a readable safetensors index (no weight_map: {_first_line(err)}); re-download the model") from err
+            raise TapsError(f"{index} is not a readable safetensors index (no weight_map: {first_line(err)}); re-download the model") from err
         return weight_map, str(index)
     single = fetch(SINGLE)
     if single is None:
@@ -214,7 +214,7 @@ def _open(file: Path) -> safe_open:
     try:
         return safe_open(str(file), framework="pt")
     except (SafetensorError, OSError) as err:
-        raise TapsError(f"{file} is not a valid safetensors file ({_first_line(err)}); it is corrupt or truncated, re-download it") from err
+        raise TapsError(f"{file} is not a valid safetensors file ({first_line(err)}); it is corrupt or truncated, re-download it") from err
 
 
 def _check_header(handle: safe_open, key: str, file: Path, shape: tuple[int, ...], config_where: str) -> None:
@@ -228,8 +228,3 @@ def _check_header(handle: safe_open, key: str, file: Path, shape: tuple[int, ...
     got = tuple(piece.get_shape())
     if got != shape:
         raise TapsError(f"{file}: {key} has shape {list(got)} but {config_where} implies {list(shape)} (vocab_size x hidden_size); the weights do not match the config")
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
