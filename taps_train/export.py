@@ -35,7 +35,9 @@ or vLLM was not possible here.
 """
 
 import json
+import os
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -50,10 +52,12 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
 import taps_train
+from taps_train.backbones import backbone_name
 from taps_train.drafter.checkpoint import check_verifier, read_checkpoint
 from taps_train.drafter.config import drafter_config
 from taps_train.drafter.model import Drafter
 from taps_train.errors import TapsError
+from taps_train.eval.report import read_report
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
@@ -172,18 +176,12 @@ def tau_table_from_reports(paths: list[str | Path]) -> list[dict]:
     """The acceptance lengths of `taps-train eval` reports, to record with an export."""
     table = []
     for path in paths:
-        try:
-            report = json.loads(Path(path).read_text())
-            table.append({
-                "report": str(path),
-                "strategy": report["strategy"],
-                "temperature": report["temperature"],
-                "drafters": report["drafters"],
-                "tree": report["tree"],
-                "acceptance_length": {name: row["acceptance_length"] for name, row in report["benchmarks"].items()},
-            })
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise TapsError(f"{path} is not a taps-train eval report ({type(err).__name__}: {err}); pass a JSON written by `taps-train eval`") from err
+        report = read_report(path).as_dict()
+        table.append({
+            "report": str(path),
+            **{key: report[key] for key in ("strategy", "temperature", "drafters", "tree")},
+            "acceptance_length": {name: result["acceptance_length"] for name, result in report["benchmarks"].items()},
+        })
     return table
 
 
@@ -358,12 +356,11 @@ def _header(layout: str) -> dict:
 
 
 def _backbone(source: _Source) -> dict:
-    """EAGLE-2 or HASS: from the training hyper-parameters when Lightning saved them, else from the fc
+    """EAGLE-2 or HASS: from the training hyper-parameters when they set the objective, else from the fc
     bias (HassModule's default is true, Eagle2Module's false)."""
-    hparams = source.checkpoint.get("hyper_parameters") or {}
-    if hparams:
-        hass = hparams.get("align_steps", 1) > 1 or hparams.get("topk_weight", 0.0) > 0
-        return {"name": "hass" if hass else "eagle2", "inferred_from": "hyper_parameters (align_steps, topk_weight)"}
+    name = backbone_name(source.checkpoint.get("hyper_parameters") or {})
+    if name:
+        return {"name": name, "inferred_from": "hyper_parameters (align_steps, topk_weight)"}
     return {"name": "hass" if source.config.fc_bias else "eagle2", "inferred_from": "fc_bias"}
 
 
@@ -375,12 +372,14 @@ def _write_json(path: Path, content: dict) -> None:
 def _atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty sibling directory to fill; on success it replaces `out_dir`, on failure it is
     removed and `out_dir` stays as it was. An earlier export killed between its two renames left the
-    old export aside (`.<name>.*.old`); it is put back first."""
+    old export aside (`.<name>.*.old`); it is put back first. Staging directories of killed exports
+    are removed (see `_remove_stale_staging`)."""
     if out_dir.is_symlink():
         raise TapsError(f"export target {out_dir} is a symbolic link; pass the real directory ({out_dir.resolve()}) as --out")
     if out_dir.exists() and not out_dir.is_dir():
         raise TapsError(f"export target {out_dir} is a file; pass a directory for --out")
     _recover_retired(out_dir)
+    _remove_stale_staging(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         if not overwrite:
             raise TapsError(f"export directory {out_dir} is not empty; pass --overwrite to replace it or choose another --out")
@@ -389,7 +388,7 @@ def _atomic_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
                             "remove it yourself or choose another --out")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.", suffix=".partial", dir=out_dir.parent))
     except OSError as err:
         raise TapsError(f"cannot write next to {out_dir}: {err.strerror or err}; choose an --out in a writable directory") from err
     try:
@@ -408,6 +407,36 @@ def _recover_retired(out_dir: Path) -> None:
     if retired:
         retired[-1].rename(out_dir)
         print(f"restored the previous export at {out_dir} (an earlier export was interrupted while replacing it)")
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Remove the staging directories (`.<name>.<host>.<pid>.<random>.partial`) that exports to `out_dir`
+    killed mid-write left behind: only this host's, and only when their process is gone. A directory on
+    shared storage may be another machine's export in progress, whose process this host cannot see."""
+    if not out_dir.parent.is_dir():
+        return
+    prefix = f".{out_dir.name}."
+    stale = [path for path in out_dir.parent.glob(f"{prefix}*.partial") if path.is_dir() and _orphaned(path.name.removeprefix(prefix))]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        print(f"removed {len(stale)} staging director{'y' if len(stale) == 1 else 'ies'} of interrupted exports to {out_dir}")
+
+
+def _orphaned(owner: str) -> bool:
+    """Whether `<host>.<pid>.<random>.partial` names a process of this host that no longer runs.
+
+    Names without an owner (staging of older versions) and other hosts' are never orphaned."""
+    parts = owner.removesuffix(".partial").rsplit(".", 2)  # host names may hold dots, the pid and mkdtemp's part do not
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # alive but another user's, or no possible pid
+        pass
+    return False
 
 
 def _refuse_foreign_files(out_dir: Path, staging: Path) -> None:

@@ -10,7 +10,7 @@ import netrc
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -19,6 +19,10 @@ from urllib.request import getproxies, proxy_bypass
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from taps_train.backbones import backbone_name
+from taps_train.errors import TapsError
+from taps_train.eval.report import read_report
 
 DEFAULT_HOST = "https://api.wandb.ai"
 PROBE_SECONDS = 3.0
@@ -150,51 +154,49 @@ class TapsWandbLogger(WandbLogger):
 
 
 def run_tags(hparams: Mapping[str, Any]) -> list[str]:
-    """Backbone and recipe tags from module + datamodule hyperparameters.
-
-    The backbone is read from the objective, not the class: HASS is EAGLE-2 plus top-K distillation
-    and context alignment, so a module with either switched on trains a HASS drafter.
-    """
-    tags = []
-    if "align_steps" in hparams:
-        tags.append("hass" if hparams["align_steps"] > 1 or hparams.get("topk_weight", 0) > 0 else "eagle2")
+    """Backbone (`hass`/`eagle2`, see `backbone_name`) and recipe tags from module + datamodule hyperparameters."""
+    backbone = backbone_name(hparams)
+    tags = [backbone] if backbone else []
     if hparams.get("recipe"):
         tags.append(Path(str(hparams["recipe"])).stem)
     return tags
 
 
-def log_eval_reports(project: str, reports: Mapping[Path, Mapping[str, Any]]) -> Path:
-    """One W&B run (job type `eval`) for the reports of one `taps-train eval` call.
+def log_eval_reports(project: str, paths: Iterable[str | Path]) -> Path:
+    """One W&B run (job type `eval`) for the report files of one `taps-train eval` call.
 
     Logs τ per benchmark and temperature (summary and table), acceptance rate by depth (table and
     line plot), routing counts when present, and the JSON files as an `eval-report` artifact.
-    Returns the local run directory.
+    Every file is read and checked before W&B starts. Returns the local run directory.
     """
     import wandb
 
+    reports = {Path(path): read_report(path) for path in paths}
+    if not reports:
+        raise TapsError("no eval reports to log to W&B; pass the JSON files written by `taps-train eval`")
     first_path, first = next(iter(reports.items()))
-    config = {key: first.get(key) for key in ("verifier", "drafters", "strategy", "tree", "weights")}
+    config = {key: first.as_dict().get(key) for key in ("verifier", "drafters", "strategy", "tree", "weights")}
     run = start_run(lambda mode: wandb.init(project=project, job_type="eval", dir=str(first_path.parent), config=config,
-                                            tags=["eval", first["strategy"]], mode=mode))
+                                            tags=["eval", first.strategy], mode=mode))
     tau = wandb.Table(columns=["temperature", "benchmark", "acceptance_length", "mean_tree_tokens", "verify_calls", "new_tokens", "prompts", "wall_time_s"])
     depth = wandb.Table(columns=["series", "temperature", "benchmark", "depth", "accept_rate"])
     routing = wandb.Table(columns=["temperature", "benchmark", "drafter", "rounds"])
     for report in reports.values():
-        t = report["temperature"]
-        run.summary[f"tau/average/T{t:g}"] = report["average_acceptance_length"]
-        for name, result in report["benchmarks"].items():
-            run.summary[f"tau/{name}/T{t:g}"] = result["acceptance_length"]
-            tau.add_data(t, name, *(result[column] for column in tau.columns[2:]))
-            for d, rate in enumerate(result["accept_rate_by_depth"], start=1):
+        t = report.temperature
+        run.summary[f"tau/average/T{t:g}"] = report.average_acceptance_length
+        for name, result in report.benchmarks.items():
+            run.summary[f"tau/{name}/T{t:g}"] = result.acceptance_length
+            tau.add_data(t, name, *(getattr(result, column) for column in tau.columns[2:]))
+            for d, rate in enumerate(result.accept_rate_by_depth, start=1):
                 depth.add_data(f"{name} T={t:g}", t, name, d, rate)
-            for drafter, rounds in result.get("routing", {}).items():
+            for drafter, rounds in (result.routing or {}).items():
                 routing.add_data(t, name, drafter, rounds)
     logged = {"eval/tau": tau, "eval/accept_rate_by_depth": depth,
               "eval/accept_rate_by_depth_plot": wandb.plot.line(depth, "depth", "accept_rate", stroke="series", title="acceptance rate by depth")}
     if routing.data:
         logged["eval/routing"] = routing
     run.log(logged)
-    artifact = wandb.Artifact(f"eval-report-{first['strategy']}", type="eval-report", metadata=config)
+    artifact = wandb.Artifact(f"eval-report-{first.strategy}", type="eval-report", metadata=config)
     for path in reports:
         artifact.add_file(str(path))
     run.log_artifact(artifact)

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from taps_train.cli import main
 from taps_train.data.datamodule import DrafterDataModule
 from taps_train.eval.callback import AcceptanceLengthCallback
+from taps_train.eval.report import read_report
 from taps_train.training import Eagle2Module
 
 FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
@@ -45,7 +46,9 @@ def test_eval_writes_one_contract_report_per_temperature(checkpoint, random_veri
           "--prompts", "2", "--max-new-tokens", "8", "--temperatures", "0", "1", "--output", str(tmp_path / "r.json"),
           "--total-tokens", "12", "--depth", "2", "--top-k", "3"])
     for temperature in ("0", "1"):
-        report = json.loads((tmp_path / f"r_T{temperature}.json").read_text())
+        path = tmp_path / f"r_T{temperature}.json"
+        assert read_report(path).to_json() == path.read_text()  # the writer's output is what the reader accepts, unchanged
+        report = json.loads(path.read_text())
         assert REPORT_KEYS <= set(report) and report["temperature"] == float(temperature)
         assert report["tree"] == {"total_tokens": 12, "depth": 2, "top_k": 3}
         for name in ("gsm8k", "mt_bench"):

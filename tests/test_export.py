@@ -21,6 +21,7 @@ from taps_train.errors import TapsError
 from taps_train.export import export_bundle, export_eagle, load_exported, serving_config
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
+from tests.test_report import report as eval_report
 
 LAYER_KEYS = [f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"] + [
     "layers.0.post_attention_layernorm.weight", *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down"))]
@@ -267,9 +268,7 @@ def test_cli(verifier, fingerprint, random_verifier_dir, tmp_path, capsys):
     main(["export", a, "--out", str(tmp_path / "one"), "--verifier", str(random_verifier_dir), "--dtype", "float32"])
     assert capsys.readouterr().out.strip() == str(tmp_path / "one")
     assert "embed_tokens.weight" in load_file(tmp_path / "one" / "model.safetensors")
-    report = {"verifier": "v", "drafters": [a, b], "strategy": "merge", "temperature": 0.0, "tree": {"total_tokens": 60, "depth": 5, "top_k": 10},
-              "benchmarks": {"gsm8k": {"acceptance_length": 3.5}, "mt_bench": {"acceptance_length": 2.5}}, "average_acceptance_length": 3.0}
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "report.json").write_text(json.dumps(eval_report([a, b], "merge", 0.0, 3.5, 2.5)))
     main(["export", a, b, "--out", str(tmp_path / "two"), "--no-embeddings", "--domains", "math", "chat", "--format", "vllm", "--depth", "3",
           "--eval-report", str(tmp_path / "report.json")])
     manifest = json.loads((tmp_path / "two" / "bundle.json").read_text())
@@ -277,7 +276,7 @@ def test_cli(verifier, fingerprint, random_verifier_dir, tmp_path, capsys):
     assert manifest["tau"][0]["acceptance_length"] == {"gsm8k": 3.5, "mt_bench": 2.5}
     for argv, message in ((["export", a, "--out", str(tmp_path / "one")], "not empty; pass --overwrite"),
                           (["export", a, "--out", str(tmp_path / "x"), "--domains", "math"], "bundle options (--domains) need two or more checkpoints"),
-                          (["export", a, "--out", str(tmp_path / "x"), "--eval-report", a], "is not a taps-train eval report")):
+                          (["export", a, "--out", str(tmp_path / "x"), "--eval-report", a], "is not a `taps-train eval` report")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 1 and message in capsys.readouterr().err

@@ -2,7 +2,6 @@
 one JSON report per temperature (design.md, "Eval report"), and a τ table on stdout."""
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from taps_train.drafter.checkpoint import (
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.evaluate import run_benchmark
+from taps_train.eval.report import EvalReport, TreeShape
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
@@ -72,7 +72,8 @@ def run_eval(args: list[str]) -> None:
         benchmarks[spec.split(":")[0]] = prompts
         if report.problems:
             Console(stderr=True).print(f"[yellow]{spec}: {report.summary()}[/]")
-    reports, written = {}, {}
+    reports: dict[float, EvalReport] = {}
+    written: list[Path] = []
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
         decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p)
@@ -81,20 +82,20 @@ def run_eval(args: list[str]) -> None:
                 options.drafters if options.strategy.startswith("route") else None)
             for name, prompts in benchmarks.items()
         }
-        reports[temperature] = {
-            "verifier": options.verifier,
-            "drafters": options.drafters,
-            "strategy": options.strategy,
-            "temperature": temperature,
-            "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k},
-            "benchmarks": results,
-            "average_acceptance_length": sum(r["acceptance_length"] for r in results.values()) / len(results),
-            **({"weights": options.weights} if options.strategy == "average" else {}),  # None: uniform
-        }
+        reports[temperature] = EvalReport(
+            verifier=options.verifier,
+            drafters=tuple(options.drafters),
+            strategy=options.strategy,
+            temperature=temperature,
+            tree=TreeShape(tree.total_tokens, tree.depth, tree.top_k),
+            benchmarks=results,
+            average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
+            weights=None if options.weights is None else tuple(options.weights),  # None: uniform
+        )
         path = _report_path(Path(options.output), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(reports[temperature], indent=2))
-        written[path] = reports[temperature]
+        path.write_text(reports[temperature].to_json())
+        written.append(path)
         print(f"wrote {path}")
     print_table(reports)
     if options.wandb_project:
@@ -150,14 +151,14 @@ def _report_path(path: Path, temperature: float, count: int) -> Path:
     return path if count == 1 else path.with_name(f"{path.stem}_T{temperature:g}{path.suffix}")
 
 
-def print_table(reports: dict[float, dict]) -> None:
+def print_table(reports: dict[float, EvalReport]) -> None:
     table = Table(title="acceptance length τ (mean verifier tokens per call)")
     table.add_column("benchmark")
     for temperature in reports:
         table.add_column(f"T={temperature:g}", justify="right")
-    names = next(iter(reports.values()))["benchmarks"]
+    names = next(iter(reports.values())).benchmarks
     for name in names:
-        cells = [f"{r['benchmarks'][name]['acceptance_length']:.2f} ({r['benchmarks'][name]['mean_tree_tokens']:.0f})" for r in reports.values()]
+        cells = [f"{r.benchmarks[name].acceptance_length:.2f} ({r.benchmarks[name].mean_tree_tokens:.0f})" for r in reports.values()]
         table.add_row(name, *cells)
-    table.add_row("average", *[f"{r['average_acceptance_length']:.2f}" for r in reports.values()])
+    table.add_row("average", *[f"{r.average_acceptance_length:.2f}" for r in reports.values()])
     Console().print(table)

@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
+from taps_train.eval.report import BenchmarkResult, Signals
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
 
 
@@ -57,7 +58,7 @@ class BenchmarkTally:
     def acceptance_length(self) -> float:
         return self.new_tokens / self.verify_calls if self.verify_calls else 0.0
 
-    def report(self, drafter_names: list[str] | None = None) -> dict:
+    def report(self, drafter_names: list[str] | None = None) -> BenchmarkResult:
         """The benchmark's entry in the eval report; a benchmark with no decoded prompt has no τ and is refused."""
         if self.prompts == 0:
             name = self.label or "(unnamed)"
@@ -65,21 +66,19 @@ class BenchmarkTally:
                 raise TapsError(f"benchmark {name}: none of its prompts was decoded (all {self.skipped_too_long} plus "
                                 f"--max-new-tokens {self.max_new_tokens} exceed the verifier's context); lower --max-new-tokens or use shorter prompts")
             raise TapsError(f"benchmark {name}: no prompts to decode; check the benchmark file and --prompts")
-        result = {
-            "acceptance_length": self.acceptance_length,
-            "verify_calls": self.verify_calls,
-            "new_tokens": self.new_tokens,
-            "prompts": self.prompts,
-            "prompts_skipped_too_long": self.skipped_too_long,
-            "mean_tree_tokens": self.tree_tokens / self.verify_calls if self.verify_calls else 0.0,
-            "accept_rate_by_depth": [a / r if r else 0.0 for a, r in zip(self.accepted_by_depth, self.reached_by_depth)],
-            "draft_entropy": {k: _mean(v) for k, v in self.entropy.items()},
-            "draft_confidence": {k: _mean(v) for k, v in self.confidence.items()},
-            "wall_time_s": round(self.wall_time_s, 3),
-        }
-        if drafter_names is not None:
-            result["routing"] = {drafter_names[i] if i >= 0 else "merged": n for i, n in sorted(self.routing.items())}
-        return result
+        return BenchmarkResult(
+            acceptance_length=self.acceptance_length,
+            verify_calls=self.verify_calls,
+            new_tokens=self.new_tokens,
+            prompts=self.prompts,
+            prompts_skipped_too_long=self.skipped_too_long,
+            mean_tree_tokens=self.tree_tokens / self.verify_calls if self.verify_calls else 0.0,
+            accept_rate_by_depth=tuple(a / r if r else 0.0 for a, r in zip(self.accepted_by_depth, self.reached_by_depth)),
+            draft_entropy=Signals(**{k: _mean(v) for k, v in self.entropy.items()}),
+            draft_confidence=Signals(**{k: _mean(v) for k, v in self.confidence.items()}),
+            wall_time_s=round(self.wall_time_s, 3),
+            routing=None if drafter_names is None else {drafter_names[i] if i >= 0 else "merged": n for i, n in sorted(self.routing.items())},
+        )
 
 
 def _mean(values: list[float]) -> float | None:

@@ -8,7 +8,6 @@ Figures are drawn on `matplotlib.figure.Figure` directly (no pyplot): no global 
 backend, so the command runs headless.
 """
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -16,8 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from taps_train.errors import TapsError
+from taps_train.eval.report import read_report
 
-REPORT_KEYS = {"drafters", "strategy", "temperature", "benchmarks", "average_acceptance_length"}
 DPI = 120
 
 
@@ -25,24 +24,16 @@ DPI = 120
 
 
 def load_reports(paths: Iterable[str | Path]) -> list[dict]:
-    """Eval reports from JSON files and from folders of them (sorted), in the order given."""
+    """Eval reports from JSON files and from folders of them (sorted), in the order given.
+
+    Each is checked by `read_report`; the views work on its JSON form, as notebooks do.
+    """
     paths, files = [Path(p) for p in paths], []
     for path in paths:
         files += sorted(path.glob("*.json")) if path.is_dir() else [path]
     if not files:
         raise TapsError(f"no eval reports (*.json) in {', '.join(map(str, paths))}")
-    return [_read_report(file) for file in files]
-
-
-def _read_report(path: Path) -> dict:
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise TapsError(f"cannot read eval report {path}: {err}") from err
-    missing = REPORT_KEYS - set(report) if isinstance(report, dict) else REPORT_KEYS
-    if missing:
-        raise TapsError(f"{path} is not a `taps-train eval` report (missing {sorted(missing)})")
-    return report
+    return [read_report(file).as_dict() for file in files]
 
 
 def drafter_name(path: str) -> str:

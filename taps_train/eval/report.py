@@ -1,0 +1,246 @@
+"""The eval report of `taps-train eval` (design.md, "Eval report"): its types, its writer and its one reader.
+
+`taps-train report`, `taps-train export --eval-report` and the W&B eval logging all read reports through
+`read_report`, so a hand-edited, truncated or foreign file fails the same way everywhere: one `TapsError`
+naming the file and the field. Fields the reader does not know are ignored, so reports written by a
+newer taps-train stay readable.
+"""
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from taps_train.errors import TapsError
+
+MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Mean draft entropy or confidence of accepted and rejected draft tokens (None: no such token)."""
+
+    accepted: float | None
+    rejected: float | None
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """The draft tree the report was measured with (total tokens include the root)."""
+
+    total_tokens: int
+    depth: int
+    top_k: int
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """One benchmark's statistics pooled over its prompts (τ = new tokens / verifier calls).
+
+    `prompts_skipped_too_long` and the signals are absent from reports of older versions; `routing`
+    (verifier calls per drafter, or `merged`) is present for routed strategies only.
+    """
+
+    acceptance_length: float
+    verify_calls: int
+    new_tokens: int
+    prompts: int
+    prompts_skipped_too_long: int | None
+    mean_tree_tokens: float
+    accept_rate_by_depth: tuple[float, ...]
+    draft_entropy: Signals | None
+    draft_confidence: Signals | None
+    wall_time_s: float
+    routing: Mapping[str, int] | None = None
+
+    def as_dict(self) -> dict:
+        """The benchmark's JSON object; optional fields that are None are left out (never null)."""
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """One `taps-train eval` call at one temperature. `weights` (None: uniform) belongs to `average` only."""
+
+    verifier: str
+    drafters: tuple[str, ...]
+    strategy: str
+    temperature: float
+    tree: TreeShape
+    benchmarks: Mapping[str, BenchmarkResult]
+    average_acceptance_length: float
+    weights: tuple[float, ...] | None = None
+
+    def as_dict(self) -> dict:
+        """The JSON object of the file, keys in the order the contract lists them."""
+        data = {"verifier": self.verifier, "drafters": list(self.drafters), "strategy": self.strategy, "temperature": self.temperature,
+                "tree": asdict(self.tree), "benchmarks": {name: result.as_dict() for name, result in self.benchmarks.items()},
+                "average_acceptance_length": self.average_acceptance_length}
+        if self.strategy == "average":
+            data["weights"] = None if self.weights is None else list(self.weights)
+        return data
+
+    def to_json(self) -> str:
+        """The report file's text, as `taps-train eval` writes it."""
+        return json.dumps(self.as_dict(), indent=2)
+
+
+def read_report(path: str | Path) -> EvalReport:
+    """Read and check one report file: every field the contract names, with its type and range."""
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_REPORT_BYTES + 1)
+    except OSError as err:
+        raise TapsError(f"cannot read eval report {path}: {err.strerror or err}; pass a JSON file written by `taps-train eval`") from err
+    if len(raw) > MAX_REPORT_BYTES:
+        raise _Field(path).error(f"is larger than {MAX_REPORT_BYTES // 2**20} MiB")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise _Field(path).error(f"is not UTF-8 text (byte {err.start})") from None
+    except RecursionError:
+        raise _Field(path).error("is JSON nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, or an integer too long to convert
+        raise _Field(path).error(f"is not valid JSON ({err})") from None
+    return _eval_report(_Field(path).object(data))
+
+
+class _Field:
+    """Where a value sits in a report (file plus dotted field name), to name it in errors, and its checks."""
+
+    def __init__(self, path: Path, name: str = ""):
+        self.path, self.name = path, name
+
+    def at(self, key: str | int) -> "_Field":
+        if isinstance(key, int):
+            return _Field(self.path, f"{self.name}[{key}]")
+        return _Field(self.path, f"{self.name}.{key}" if self.name else key)
+
+    def error(self, problem: str) -> TapsError:
+        what = f"field `{self.name}` {problem}" if self.name else f"the file {problem}"
+        return TapsError(f"{self.path} is not a `taps-train eval` report: {what}; pass a JSON file written by `taps-train eval`")
+
+    def object(self, value: Any) -> "_Object":
+        if not isinstance(value, dict):
+            raise self.error(f"must be a JSON object, got {_kind(value)}")
+        return _Object(value, self)
+
+    def number(self, value: Any, minimum: float = 0.0, maximum: float = math.inf) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and minimum <= value <= maximum):
+            bounds = f">= {minimum:g}" if maximum == math.inf else f"in [{minimum:g}, {maximum:g}]"
+            raise self.error(f"must be a finite number {bounds}, got {_kind(value)}")
+        return float(value)
+
+    def integer(self, value: Any, minimum: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(f"must be an integer >= {minimum}, got {_kind(value)}")
+        return value
+
+    def text(self, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.error(f"must be a non-empty string, got {_kind(value)}")
+        return value
+
+
+class _Object:
+    """A JSON object of a report read field by field: a missing field is an error, an unknown one is ignored."""
+
+    def __init__(self, data: dict, where: _Field):
+        self.data, self.where = data, where
+
+    def present(self, key: str) -> bool:
+        """The field is there and not null (how optional fields are absent)."""
+        return self.data.get(key) is not None
+
+    def number(self, key: str, minimum: float = 0.0, maximum: float = math.inf) -> float:
+        return self._field(key).number(self.data[key], minimum, maximum)
+
+    def integer(self, key: str, minimum: int = 0) -> int:
+        return self._field(key).integer(self.data[key], minimum)
+
+    def text(self, key: str) -> str:
+        return self._field(key).text(self.data[key])
+
+    def object(self, key: str) -> "_Object":
+        return self._field(key).object(self.data[key])
+
+    def items(self, key: str) -> list[tuple[Any, _Field]]:
+        """The elements of a list field, each with its place (`field[i]`)."""
+        where, value = self._field(key), self.data[key]
+        if not isinstance(value, list):
+            raise where.error(f"must be a JSON list, got {_kind(value)}")
+        return [(item, where.at(index)) for index, item in enumerate(value)]
+
+    def entries(self) -> list[tuple[str, Any, _Field]]:
+        return [(key, value, self.where.at(key)) for key, value in self.data.items()]
+
+    def _field(self, key: str) -> _Field:
+        if key not in self.data:
+            raise self.where.at(key).error("is missing")
+        return self.where.at(key)
+
+
+def _eval_report(report: _Object) -> EvalReport:
+    drafters = tuple(where.text(name) for name, where in report.items("drafters"))
+    if not drafters:
+        raise report.where.at("drafters").error("must name at least one drafter, got an empty list")
+    results = {name: _benchmark(where.object(value)) for name, value, where in report.object("benchmarks").entries()}
+    if not results:
+        raise report.where.at("benchmarks").error("must hold at least one benchmark, got none")
+    strategy = report.text("strategy")
+    tree = report.object("tree")
+    return EvalReport(
+        verifier=report.text("verifier"),
+        drafters=drafters,
+        strategy=strategy,
+        temperature=report.number("temperature"),
+        tree=TreeShape(total_tokens=tree.integer("total_tokens", 2), depth=tree.integer("depth", 1), top_k=tree.integer("top_k", 1)),
+        benchmarks=results,
+        average_acceptance_length=report.number("average_acceptance_length"),
+        weights=_weights(report, len(drafters)) if strategy == "average" else None,
+    )
+
+
+def _weights(report: _Object, drafters: int) -> tuple[float, ...] | None:
+    """λ of an `average` report: absent or null is uniform, else one finite non-negative weight per drafter."""
+    if not report.present("weights"):
+        return None
+    weights = tuple(where.number(value) for value, where in report.items("weights"))
+    if len(weights) != drafters:
+        raise report.where.at("weights").error(f"must hold one weight per drafter ({drafters}), got {len(weights)}")
+    return weights
+
+
+def _benchmark(result: _Object) -> BenchmarkResult:
+    return BenchmarkResult(
+        acceptance_length=result.number("acceptance_length"),
+        verify_calls=result.integer("verify_calls"),
+        new_tokens=result.integer("new_tokens"),
+        prompts=result.integer("prompts", 1),
+        prompts_skipped_too_long=result.integer("prompts_skipped_too_long") if result.present("prompts_skipped_too_long") else None,
+        mean_tree_tokens=result.number("mean_tree_tokens"),
+        accept_rate_by_depth=tuple(where.number(rate, maximum=1.0) for rate, where in result.items("accept_rate_by_depth")),
+        draft_entropy=_signals(result, "draft_entropy"),
+        draft_confidence=_signals(result, "draft_confidence"),
+        wall_time_s=result.number("wall_time_s"),
+        routing=({drafter: where.integer(rounds) for drafter, rounds, where in result.object("routing").entries()}
+                 if result.present("routing") else None),
+    )
+
+
+def _signals(result: _Object, key: str) -> Signals | None:
+    if not result.present(key):
+        return None
+    signals = result.object(key)
+    return Signals(*(signals.number(kind) if signals.present(kind) else None for kind in ("accepted", "rejected")))
+
+
+def _kind(value: Any) -> str:
+    """A short description of a wrong value for an error line (never the whole value)."""
+    if isinstance(value, dict | list):
+        return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
