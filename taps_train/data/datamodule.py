@@ -160,7 +160,7 @@ class DrafterDataModule(LightningDataModule):
         return sources
 
     def _refuse_pinned_build(self, preparer: RecipePreparer) -> None:
-        if pinned_device(self.verifier_device) and any(s.cached_samples() < len(s.conversations) for s in preparer.sources(regenerate=False)):
+        if pinned_device(self.verifier_device) and not all(s.complete() for s in preparer.sources(regenerate=False)):
             raise TapsError(f"verifier_device {self.verifier_device} puts every rank's verifier on the same GPU(s), so the ranks cannot build "
                             f"the feature cache together; build it first with `{self.cache_command(1)}`, or use verifier_device auto "
                             "(each rank on its own GPU)")

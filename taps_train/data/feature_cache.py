@@ -9,9 +9,10 @@ Layout of one cache directory (one per verifier x source selection x max length 
 Samples are addressed by *position* in the source's seeded permutation (held-out first, then
 training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
 index views and cost no feature bytes. Each shard covers a fixed range of positions and is written
-atomically (temporary file, then rename), so shards can be written by several processes at once, and
-a killed build resumes shard by shard and ends byte-identical to an uninterrupted one. The manifest is
-written once, when every shard exists.
+atomically (temporary file, then rename), so shards can be written by several ranks of a build at
+once, and a killed build resumes shard by shard and ends byte-identical to an uninterrupted one. The
+manifest is written once, when every shard exists. Two builds of one directory take turns
+(`RecipePreparer.build` locks it), so the second finds the shards done.
 
 Stored feature: the verifier's `last_hidden_state` (after the final norm, equal to
 `hidden_states[-1]` in transformers), so the verifier's LM head applies to it directly.
@@ -22,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,10 +203,41 @@ def _adopt(directory: Path, span: tuple[int, int], settings: CacheSettings) -> d
 
 def _fresh_tmp(directory: Path, name: str) -> Path:
     """This process's temporary file for `name`, after removing what killed writers of `name` left behind.
-    Only one process ever writes a given file (a shard's owner, or rank 0 for the manifest)."""
+    Only one process ever writes a given file (a shard's owner, or rank 0 for the manifest), and only one
+    build at a time writes a directory (its lock). Named by host and pid so a later build can tell which
+    temporaries are stale (`remove_stale_temporaries`)."""
     for stale in directory.glob(f".{name}.*.tmp"):
         stale.unlink(missing_ok=True)
-    return directory / f".{name}.{os.getpid()}.tmp"
+    return directory / f".{name}.{socket.gethostname()}.{os.getpid()}.tmp"
+
+
+_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json)\.(?P<host>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def remove_stale_temporaries(directory: Path) -> tuple[int, int]:
+    """Remove the temporaries that writers on this host left when killed; (files, bytes) removed. Call it with
+    the directory's lock held. A temporary of another host (a shared filesystem) is left alone: whether its
+    writer lives cannot be told from here."""
+    host = socket.gethostname()
+    stale = [path for path in directory.glob(".*.tmp") if _written_by_dead_process(path.name, host)]
+    freed = 0
+    for path in stale:
+        freed += path.stat().st_size
+        path.unlink()
+    return len(stale), freed
+
+
+def _written_by_dead_process(name: str, host: str) -> bool:
+    match = _TMP_FILE.match(name)
+    if match is None or match["host"] != host:
+        return False
+    try:
+        os.kill(int(match["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 class FeatureCache:
@@ -250,6 +283,19 @@ class FeatureCache:
             "loss_mask": handle.get_slice("loss_mask")[a:b].bool(),
             "features": features.float(),
         }
+
+    def token_counts(self, samples: int) -> tuple[int, int]:
+        """(tokens, tokens in the loss) of the first `samples` positions, from the shards' offsets and loss
+        masks; not checksummed (they only feed a report), and no shard is read beyond the mask bytes."""
+        tokens = in_loss = 0
+        for shard in self.shards:
+            if shard["start"] >= samples:
+                break
+            with safe_open(str(self.directory / shard["file"]), framework="pt") as handle:
+                end = int(handle.get_tensor("offsets")[min(samples, shard["end"]) - shard["start"]])
+                tokens += end
+                in_loss += int(handle.get_slice("loss_mask")[:end].sum())
+        return tokens, in_loss
 
     def verify(self) -> None:
         """Check every shard's checksum now (normally done lazily on first open)."""

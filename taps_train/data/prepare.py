@@ -8,6 +8,7 @@ than a source) is checked by `select` before the verifier runs.
 import hashlib
 import json
 import sys
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,9 +26,11 @@ from taps_train.data.feature_cache import (
     FeatureCache,
     ShardWriter,
     bytes_per_token,
+    remove_stale_temporaries,
     shard_ranges,
     write_manifest,
 )
+from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Recipe, SelectedSource, select
 from taps_train.errors import TapsError
 from taps_train.home import taps_home
@@ -73,6 +76,23 @@ class PreparedSource:
         if not (self.directory / "manifest.json").exists():
             return 0
         return len(FeatureCache(self.directory, self.fingerprint))
+
+    def complete(self) -> bool:
+        """Whether the cache holds every sample (it may hold more, for a larger recipe)."""
+        return self.cached_samples() >= len(self.conversations)
+
+    def token_counts(self) -> tuple[int, int]:
+        """(tokens, tokens in the loss). A complete cache has them without tokenizing: its fingerprint covers the
+        source's content and selection, max_length, the tokenizer and FORMAT, so its stored tokens are exactly
+        what tokenizing the conversations again would give."""
+        if self.complete():
+            return self.open_cache().token_counts(len(self.conversations))
+        return sum(len(s.input_ids) for s in self.samples), sum(sum(s.loss_mask) for s in self.samples)
+
+    def missing_tokens(self) -> int:
+        """Tokens of the samples the cache lacks."""
+        have = self.cached_samples()
+        return 0 if have >= len(self.conversations) else sum(len(s.input_ids) for s in self.samples[have:])
 
 
 ShardsByRank = list[list[list[dict] | None]]  # [rank][source]: the shard records that rank holds (None: source already cached)
@@ -158,13 +178,30 @@ class RecipePreparer:
         g % world: a split each rank computes alone, whatever is on disk. The ranks then swap their shard
         records (a few hundred bytes each), rank 0 writes the manifests once it sees every shard, and every
         rank checks it sees them all: a cache dir that is not shared by all nodes is refused here.
+
+        Another build of the same caches (a second `cache` or `fit`) waits for this one and then finds the
+        shards done: rank 0 alone locks the cache dirs, before any rank fills, and releases them once the
+        manifests are written; the other ranks wait for it in `agree`, so the ranks of one build never wait
+        for each other's locks.
         """
         owned = self._owned_spans(sources, ranks)
-        mine = ranks.agree(lambda: self._fill(sources, owned, ranks))
-        shards = ranks.gather(mine)
-        ranks.agree(lambda: self._write_manifests(sources, shards, ranks.rank))
+        with ExitStack() as locks:
+            ranks.agree(lambda: self._lock(sources, locks) if ranks.rank == 0 else None)
+            mine = ranks.agree(lambda: self._fill(sources, owned, ranks))
+            shards = ranks.gather(mine)
+            ranks.agree(lambda: self._write_manifests(sources, shards, ranks.rank))
         ranks.agree(lambda: wait_until_visible(_expected_files(sources, shards, manifests=True), ranks.rank))
         return [source.open_cache() for source in sources]
+
+    @staticmethod
+    def _lock(sources: list[PreparedSource], locks: ExitStack) -> None:
+        """Lock the dir of every source not yet cached, in sorted order (two builds of overlapping recipes then
+        never each hold a lock the other waits for), and remove what killed builds left there."""
+        for directory in sorted({source.directory for source in sources if not source.complete()}):
+            locks.enter_context(exclusive(directory / ".lock", f"another build of {directory}"))
+            files, freed = remove_stale_temporaries(directory)
+            if files:
+                print(f"removed {files} temporary files ({freed / 1e6:,.1f} MB) that killed builds left in {directory}", file=sys.stderr, flush=True)
 
     def _owned_spans(self, sources: list[PreparedSource], ranks: Ranks) -> list[list[tuple[int, int]]]:
         owned, first = [], 0
@@ -180,8 +217,7 @@ class RecipePreparer:
         writer = ShardWriter(lambda: self.verifier.model, self.hidden_size, self.settings, self.tokenizer.pad_token_id or 0, ranks.label)
         records = []
         for source, spans in zip(sources, owned):
-            cached = source.cached_samples() >= len(source.conversations)
-            records.append(None if cached else writer.fill(source.samples, source.directory, source.fingerprint, spans))
+            records.append(None if source.complete() else writer.fill(source.samples, source.directory, source.fingerprint, spans))
         if ranks.world > 1:
             held = sum(len(r) for r in records if r is not None)
             print(f"{ranks.label}{held} shards on disk; waiting for the other ranks", file=sys.stderr, flush=True)
@@ -203,18 +239,17 @@ class RecipePreparer:
             write_manifest(source.directory, source.fingerprint, records, len(source.conversations), report)
 
     def estimate(self, sources: list[PreparedSource]) -> list[dict]:
-        """Per source: tokens, bytes a build would add (0 when already cached), bytes per token."""
+        """Per source: samples, tokens, tokens in the loss, bytes a build would add (0 when already cached);
+        tokenizes only the sources whose cache is incomplete."""
         rows = []
         for source in sources:
-            tokens = sum(len(s.input_ids) for s in source.samples)
-            have = source.cached_samples()
-            missing = sum(len(s.input_ids) for s in source.samples[have:])
+            tokens, in_loss = source.token_counts()
             rows.append({
                 "source": source.name,
-                "samples": len(source.samples),
+                "samples": len(source.conversations),
                 "tokens": tokens,
-                "assistant_tokens": sum(sum(s.loss_mask) for s in source.samples),
-                "new_bytes": missing * bytes_per_token(self.hidden_size, self.settings.dtype),
+                "assistant_tokens": in_loss,
+                "new_bytes": source.missing_tokens() * bytes_per_token(self.hidden_size, self.settings.dtype),
                 "cache": str(source.directory),
             })
         return rows

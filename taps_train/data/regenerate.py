@@ -4,7 +4,8 @@ A drafter learns to predict the verifier; training on the verifier's own text (E
 rather than on what ChatGPT once wrote removes a distribution shift. Turns are regenerated in order,
 so later prompts see the regenerated earlier replies. Results are cached as JSONL, one line per
 conversation, appended chunk by chunk: an interrupted run resumes where it stopped, and each chunk has
-its own seed so the result does not depend on where it was interrupted.
+its own seed so the result does not depend on where it was interrupted. Two processes regenerating
+into one file take turns (a lock beside it): the second finds the replies done.
 """
 
 import json
@@ -15,6 +16,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from taps_train.data.conversation import Conversation
+from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Regenerate
 
 CHUNK = 32
@@ -28,8 +30,14 @@ def regenerate(
     max_length: int,
     cache_file: Path,
 ) -> list[Conversation]:
+    with exclusive(cache_file.with_name(cache_file.name + ".lock"), f"another regeneration into {cache_file}"):
+        return _regenerate_into(conversations, model, tokenizer, spec, max_length, cache_file)
+
+
+def _regenerate_into(conversations: list[Conversation], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, spec: Regenerate,
+                     max_length: int, cache_file: Path) -> list[Conversation]:
+    """`regenerate`, with the lock of `cache_file` held."""
     done = _read_done(cache_file, conversations)
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
     kept = 0
     with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc="regenerating replies", unit="conv") as bar:
         for start in range(len(done), len(conversations), CHUNK):
