@@ -23,6 +23,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+import taps_train.verifier.loading as loading_module
 import taps_train.verifier.parts as parts_module
 from taps_train.errors import TapsError
 from taps_train.verifier.parts import INDEX, read_verifier_parts
@@ -75,7 +76,7 @@ def test_cast_on_load(standin):
 
 def test_reads_only_the_two_tensors_from_their_two_shards(standin, monkeypatch):
     opened, got = [], []
-    real_safe_open = parts_module.safe_open
+    real_safe_open = loading_module.safe_open  # parts opens safetensors through loading.open_safetensors
 
     class Recording:
         def __init__(self, file: str, framework: str):
@@ -99,7 +100,7 @@ def test_reads_only_the_two_tensors_from_their_two_shards(standin, monkeypatch):
             got.append(name)
             return self.inner.get_tensor(name)
 
-    monkeypatch.setattr(parts_module, "safe_open", Recording)
+    monkeypatch.setattr(loading_module, "safe_open", Recording)
     parts = read_verifier_parts(str(standin))
     weight_map = _weight_map(standin)
     assert sorted(got) == [HEAD, EMBED]

@@ -12,6 +12,11 @@ CASES = {
     "broken element mid-array": ("d.json", '[{"a": 1}, {"a": 2,, "x": 0}, {"a": 3}, {"a": 4}]', [1, 3, 4], {"invalid JSON array element": 1}, 0),
     "bare invalid value mid-array": ("d.json", '[{"a": 1}, tru, {"a": 2}]', [1, 2], {"invalid JSON array element": 1}, 0),
     "brackets inside strings": ("d.json", '[{"a": 1, "s": "}]{["}, {"a": 2,,}, {"a": 3}]', [1, 3], {"invalid JSON array element": 1}, 0),
+    "unbalanced element swallows no neighbour": ("d.json", '[{"a": 1}, {"messages": [}, {"a": 2}, {"a": 3}]', [1, 2, 3], {"invalid JSON array element": 1}, 0),
+    "unbalanced last element": ("d.json", '[{"a": 1}, {"messages": [}]', [1], {"invalid JSON array element": 1}, 0),
+    "bracket closed by the wrong closer": ("d.json", '[{"a": 1}, {"a": 2]}, {"a": 3}]', [1, 3], {"invalid JSON array element": 1}, 0),
+    "stray closing brace": ("d.json", '[{"a": 1}, }, {"a": 2}]', [1, 2], {"invalid JSON array element": 1}, 0),
+    "stray closing bracket mid-array": ("d.json", '[{"a": 1}, x], {"a": 2}]', [1, 2], {"invalid JSON array element": 1}, 0),
     "truncated tail": ("d.json", '[{"a": 1}, {"a": 2}, {"a": 3, "s": "cut', [1, 2], {}, 18),
     "bom before array": ("d.json", '\ufeff[{"a": 1}, {"a": 2}]', [1, 2], {}, 0),
     "bom before jsonl": ("d.jsonl", '\ufeff{"a": 1}\n{"a": 2}\n', [1, 2], {}, 0),
@@ -23,6 +28,7 @@ CASES = {
 }
 
 
+@pytest.mark.timeout(60)  # a stray closing bracket once sent the reader into an endless loop
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_records_are_read_by_content_and_counted(case, tmp_path):
     name, content, values, problems, tail = CASES[case]

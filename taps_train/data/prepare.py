@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from taps_train.data.chat_format import TokenizedSample, tokenize_conversation
 from taps_train.data.conversation import Conversation
@@ -38,7 +38,7 @@ from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import (
     LoadedVerifier,
     load_verifier,
-    resolve_verifier_path,
+    read_verifier_files,
 )
 from taps_train.verifier.placement import resolve_placement
 
@@ -118,9 +118,10 @@ class RecipePreparer:
         self.settings = settings
         self.placement = resolve_placement(device, verifier_dtype)
         self.selected = [select(selection, recipe.seed) for selection in recipe.sources]
-        self.path = resolve_verifier_path(verifier)
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
-        config = AutoConfig.from_pretrained(self.path, trust_remote_code=False)
+        files = read_verifier_files(verifier)  # the guarded loader `eval` and `fit` use: damaged files are one-line errors
+        self.path = files.path
+        self.tokenizer: PreTrainedTokenizerBase = files.tokenizer
+        config = files.config
         self.hidden_size = config.hidden_size
         context = getattr(config, "max_position_embeddings", None)
         if isinstance(context, int) and recipe.max_length > context:  # positions the verifier never trained on

@@ -16,6 +16,9 @@ from pathlib import Path
 from taps_train.errors import TapsError
 
 _SEPARATOR = re.compile(r"\s*,?\s*")
+_NEXT_OBJECT = re.compile(r",\s*(?=\{)")
+_AFTER_ELEMENT = re.compile(r"\s*(,|\]\s*$)")
+_CLOSER_OF = {"[": "]", "{": "}"}
 _DECODER = json.JSONDecoder()
 
 
@@ -102,7 +105,7 @@ def _read_array(text: str, start: int, report: ReadReport) -> Iterator[object]:
         try:
             record, pos = _DECODER.raw_decode(text, pos)
         except (json.JSONDecodeError, RecursionError) as err:
-            end = _element_end(text, pos)
+            end = _skip_element(text, pos)
             if end is None:
                 report.truncated_tail_chars = len(text) - pos
                 return
@@ -114,10 +117,15 @@ def _read_array(text: str, start: int, report: ReadReport) -> Iterator[object]:
         yield record
 
 
-def _element_end(text: str, pos: int) -> int | None:
-    """Where the array element starting at `pos` ends (just past its closing bracket, or at the next
-    top-level comma for a bare value), tracking strings and nesting; None when the text ends first."""
-    depth, in_string, escaped = 0, False, False
+def _skip_element(text: str, pos: int) -> int | None:
+    """Where reading resumes after the broken array element starting at `pos`: just past its closing
+    bracket, or at the next top-level comma for a bare value, tracking strings and nesting; None when the
+    text ends inside it (a truncated tail).
+
+    When its brackets do not pair up (`[` closed by `}`, a stray closer), nesting says nothing about
+    where it ends, so reading resynchronises at the next element that parses (`_resync`)."""
+    open_brackets: list[str] = []
+    in_string, escaped = False, False
     for index in range(pos, len(text)):
         char = text[index]
         if in_string:
@@ -125,17 +133,31 @@ def _element_end(text: str, pos: int) -> int | None:
             continue
         if char == '"':
             in_string = True
-        elif char in "[{":
-            depth += 1
+        elif char in _CLOSER_OF:
+            open_brackets.append(_CLOSER_OF[char])
         elif char in "]}":
-            depth -= 1
-            if depth == 0:
+            if not open_brackets or open_brackets.pop() != char:
+                return _resync(text, index)
+            if not open_brackets:
                 return index + 1
-            if depth < 0:  # the array's own "]": a bare broken value ran up to it
-                return index
-        elif char == "," and depth == 0:
+        elif char == "," and not open_brackets:
             return index
     return None
+
+
+def _resync(text: str, pos: int) -> int:
+    """The first `, {` after `pos` whose object parses and is followed by `,` or the array's final `]`,
+    i.e. looks like a whole element; the end of the text when none does (the rest is part of the broken
+    element). An object nested in the broken element can pass for one: it is then read as a record and
+    rejected, counted, by the record checks downstream, never silently lost."""
+    for candidate in _NEXT_OBJECT.finditer(text, pos):
+        try:
+            _, end = _DECODER.raw_decode(text, candidate.end())
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if _AFTER_ELEMENT.match(text, end):
+            return candidate.start()
+    return len(text)
 
 
 def contains_invalid_utf8(value: str) -> bool:

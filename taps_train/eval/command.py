@@ -17,6 +17,7 @@ from taps_train.drafter.checkpoint import (
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.evaluate import run_benchmark
+from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import EvalReport, TreeShape
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
@@ -92,7 +93,7 @@ def run_eval(args: list[str]) -> None:
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
         )
-        path = _report_path(Path(options.output), temperature, len(options.temperatures))
+        path = _report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(reports[temperature].to_json())
         written.append(path)
@@ -132,6 +133,9 @@ def check_options(options: argparse.Namespace) -> None:
     for path in {output, *(_report_path(output, t, len(options.temperatures)) for t in options.temperatures)}:
         if path.is_dir():
             raise TapsError(f"--output {path} is an existing directory; pass a report file path such as {path / 'report.json'}")
+    blocker = file_in_the_way(output.parent)
+    if blocker:
+        raise TapsError(f"--output {output}: {blocker} is a file, so the report's directory cannot be created; pass a path under a directory")
     config = read_config(resolve_verifier_path(options.verifier))
     context = getattr(config, "max_position_embeddings", None)
     if context and options.max_new_tokens >= context:

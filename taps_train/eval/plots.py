@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from taps_train.errors import TapsError
+from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import read_report
 
 DPI = 120
@@ -349,8 +350,11 @@ def _interpolation_table(reports: list[dict]) -> str:
 
 def write_report(paths: Iterable[str | Path], out: str | Path) -> list[Path]:
     """PNGs of every view plus report.md (tables and the images) in `out`; returns the files written."""
-    reports = load_reports(paths)
     out = Path(out)
+    blocker = file_in_the_way(out)
+    if blocker:
+        raise TapsError(f"--out {out}: {blocker} is a file, not a directory; pass a directory (new or existing) for the PNGs and report.md")
+    reports = load_reports(paths)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     drawn = figures(reports)

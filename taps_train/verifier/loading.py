@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -27,6 +28,7 @@ TINY_VERIFIER = "taps-tiny"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 DTYPES = COMPUTE_DTYPES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+DRAFTER_SIZES = ("hidden_size", "vocab_size", "num_attention_heads")  # what drafter_config reads without a fallback
 
 
 @dataclass
@@ -121,6 +123,15 @@ def check_safetensors_weights(directory: Path) -> None:
     raise TapsError(f"verifier directory {directory} has no model.safetensors or model.safetensors.index.json; pass a complete model directory")
 
 
+def open_safetensors(file: Path) -> safe_open:
+    """Open a safetensors file, parsing its header only (memory-mapped, no tensor read): safetensors refuses
+    an empty or garbage header and a file shorter than the data its header describes (a truncated download)."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise TapsError(f"{file} is not a valid safetensors file ({first_line(err)}); it is corrupt or truncated, re-download it") from err
+
+
 def load_verifier(
     name_or_path: str,
     device: str = "auto",
@@ -137,6 +148,9 @@ def load_verifier(
     read_config(path, revision, trust_remote_code)
     if Path(path).is_dir():
         check_safetensors_weights(Path(path))
+        for shard in sorted(Path(path).glob("*.safetensors")):  # a damaged file is named here, not a SafetensorError in transformers
+            with open_safetensors(shard):
+                pass
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **placement.from_pretrained_kwargs(), use_safetensors=True, **hub)
         tokenizer = AutoTokenizer.from_pretrained(path, **hub)
@@ -147,9 +161,13 @@ def load_verifier(
 
 
 def read_config(path: str, revision: str | None = None, trust_remote_code: bool = False) -> PretrainedConfig:
-    """A verifier's config, checked to be a causal LM's."""
+    """A verifier's config, checked to be a causal LM's and to state the sizes a drafter copies."""
+    hub = {"revision": revision, "trust_remote_code": trust_remote_code}
     try:
-        config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        raw, _ = PretrainedConfig.get_config_dict(path, **hub)
+        if not isinstance(raw, dict):
+            raise ValueError(f"config.json holds a JSON {type(raw).__name__}, not an object")
+        config = AutoConfig.from_pretrained(path, **hub)
     except (OSError, ValueError) as err:
         raise TapsError(f"cannot read the config of verifier {path}: {first_line(err)}; check the id/path (hub access needs network and HF_TOKEN for gated models)") from err
     is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
@@ -157,4 +175,19 @@ def read_config(path: str, revision: str | None = None, trust_remote_code: bool 
     )
     if not is_causal:
         raise TapsError(f"verifier {path} is a '{config.model_type}' model without a causal-LM head; pass a decoder-only LM (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")
+    _require_drafter_sizes(path, config, raw)
     return config
+
+
+def _require_drafter_sizes(path: str, config: PretrainedConfig, raw: dict) -> None:
+    """A config missing a size would silently get transformers' class default (hidden_size 4096 for Llama),
+    and the drafter and cache estimate would be built for a model that does not exist. Only a top-level
+    LM config is checked: `save_pretrained` always writes these fields there, while nested text configs of
+    multimodal models legitimately omit fields equal to their defaults."""
+    if config.get_text_config(decoder=True) is not config:
+        return
+    for name in DRAFTER_SIZES:
+        stored = config.attribute_map.get(name, name)  # e.g. GPT-2 stores hidden_size as n_embd
+        if stored not in raw:
+            raise TapsError(f"verifier config {Path(path) / 'config.json'} has no '{stored}'; a drafter copies the verifier's "
+                            f"{', '.join(DRAFTER_SIZES)}: restore the field (re-download or re-save the model directory)")

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, RemoteEntryNotFoundError
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from taps_train.errors import TapsError, first_line
-from taps_train.verifier.loading import check_safetensors_weights, read_config, resolve_verifier_path
+from taps_train.verifier.loading import check_safetensors_weights, open_safetensors, read_config, resolve_verifier_path
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -114,7 +114,7 @@ def read_verifier_parts(
             if file is None:
                 raise TapsError(f"{listing} names shard {filename} for {key}, but that file is missing; re-download the model")
             if filename not in handles:
-                handles[filename] = stack.enter_context(_open(file))
+                handles[filename] = stack.enter_context(open_safetensors(file))
             _check_header(handles[filename], key, file, wanted[role].shape, config_where)
         tensors, reads = {}, []
         for role, (key, filename) in located.items():
@@ -192,7 +192,7 @@ def _key_files(fetch: Callable[[str], Path | None], path: str) -> tuple[dict[str
     single = fetch(SINGLE)
     if single is None:
         raise TapsError(f"verifier {path} has neither {INDEX} nor {SINGLE}; save it with `save_pretrained` (safetensors)")
-    with _open(single) as handle:
+    with open_safetensors(single) as handle:
         return {key: SINGLE for key in handle.keys()}, str(single)
 
 
@@ -208,13 +208,6 @@ def _locate(wanted: _Wanted, key_files: dict[str, str], listing: str, path: str,
         raise TapsError(f"{listing} has several candidates for {wanted.param} ({', '.join(matches)}); the checkpoint layout is ambiguous")
     why = "" if tied else " and config.json does not tie it to the embedding (transformers would give this verifier a random head)"
     raise TapsError(f"{listing} has no tensor {wanted.param}{why}; the checkpoint of {path} is incomplete, re-download or re-save it")
-
-
-def _open(file: Path) -> safe_open:
-    try:
-        return safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError) as err:
-        raise TapsError(f"{file} is not a valid safetensors file ({first_line(err)}); it is corrupt or truncated, re-download it") from err
 
 
 def _check_header(handle: safe_open, key: str, file: Path, shape: tuple[int, ...], config_where: str) -> None:
