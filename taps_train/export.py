@@ -53,9 +53,8 @@ from transformers import LlamaConfig, PretrainedConfig
 
 import taps_train
 from taps_train.backbones import backbone_name
-from taps_train.drafter.checkpoint import check_verifier, read_checkpoint
-from taps_train.drafter.config import drafter_config
-from taps_train.drafter.model import Drafter
+from taps_train.drafter.checkpoint import check_tensors, check_verifier, read_checkpoint, trained_drafter
+from taps_train.drafter import Drafter, backbone_class, build_drafter, drafter_config
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
 from taps_train.spec.strategies import STRATEGIES
@@ -68,7 +67,6 @@ EXPORT_FORMAT_VERSION = 1
 DEFAULT_TREE = TreeConfig()  # the paper's: 60 tokens, depth 5, top-k 10
 BUNDLE_STRATEGIES = sorted(name for name in STRATEGIES if name != "single")
 MARKERS = ("taps_export.json", "bundle.json")  # what makes a directory safe to replace with --overwrite
-VERIFIER_PARTS = ("embed_tokens.weight", "lm_head.weight")  # taken from the verifier, never trained
 VERIFIER_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
 
 
@@ -154,15 +152,15 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
         raise TapsError(f"{directory} is not a readable EAGLE export (config.json + model.safetensors): {err}") from err
     where = f"export {directory}"
     has_bias = "fc.bias" in tensors
-    config = LlamaConfig.from_dict(config_dict)
+    config = LlamaConfig.from_dict({**config_dict, "architectures": [Drafter.architecture]})  # the eagle or the vllm name
     config.fc_bias = bool(config_dict.get("fc_bias", has_bias))
-    check_tensors(tensors, expected_shapes(config, bias=has_bias or config.fc_bias, embeddings="embed_tokens.weight" in tensors), where)
+    check_tensors(tensors, Drafter.tensor_shapes(config, bias=has_bias or config.fc_bias, embeddings="embed_tokens.weight" in tensors), where)
     if has_bias and not config.fc_bias:
         if tensors["fc.bias"].any():
             raise TapsError(f"{where}: config.json says fc_bias false but fc.bias is not zero; fix config.json")
         del tensors["fc.bias"]
     check_fits_verifier(config, verifier_model.config, where, "the given verifier")
-    drafter = Drafter(config)
+    drafter = build_drafter(config)
     drafter.load_verifier_parts(verifier_model)
     embed = tensors.pop("embed_tokens.weight", None)
     # Loose: the file may hold the embedding in another dtype than the verifier was loaded in.
@@ -185,46 +183,6 @@ def tau_table_from_reports(paths: list[str | Path]) -> list[dict]:
     return table
 
 
-def expected_shapes(config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
-    """Every tensor of an EAGLE-1/2 Llama draft with the shape its config implies."""
-    hidden, inner = config.hidden_size, config.intermediate_size
-    q_width = config.num_attention_heads * config.head_dim
-    kv_width = config.num_key_value_heads * config.head_dim
-    shapes = {
-        "fc.weight": (hidden, 2 * hidden),
-        "layers.0.self_attn.q_proj.weight": (q_width, hidden),
-        "layers.0.self_attn.k_proj.weight": (kv_width, hidden),
-        "layers.0.self_attn.v_proj.weight": (kv_width, hidden),
-        "layers.0.self_attn.o_proj.weight": (hidden, q_width),
-        "layers.0.post_attention_layernorm.weight": (hidden,),
-        "layers.0.mlp.gate_proj.weight": (inner, hidden),
-        "layers.0.mlp.up_proj.weight": (inner, hidden),
-        "layers.0.mlp.down_proj.weight": (hidden, inner),
-    }
-    if bias:
-        shapes["fc.bias"] = (hidden,)
-    if embeddings:
-        shapes["embed_tokens.weight"] = (config.vocab_size, hidden)
-    return shapes
-
-
-def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str) -> None:
-    """Exactly the expected keys, each with its shape and finite floating-point values."""
-    missing = [key for key in expected if key not in tensors]
-    if missing:
-        raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
-                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") + "; it is not a complete one-layer EAGLE drafter")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise TapsError(f"{where} has tensors an EAGLE-1/2 drafter does not: {unexpected}")
-    for key, shape in expected.items():
-        tensor = tensors[key]
-        if tuple(tensor.shape) != shape:
-            raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
-        if not tensor.is_floating_point() or not torch.isfinite(tensor).all():
-            raise TapsError(f"{where}: {key} is not finite floating point ({tensor.dtype}); the checkpoint is corrupt or training diverged")
-
-
 @dataclass
 class _Source:
     """A checkpoint with its drafter config and trainable weights (keys without `drafter.`)."""
@@ -237,19 +195,10 @@ class _Source:
 
 
 def _read_source(path: str | Path) -> _Source:
-    """Read and validate a `fit` or `average` checkpoint; the embedding and LM head, which belong to the
-    verifier, are ignored even if a checkpoint carries them."""
-    where = f"checkpoint {path}"
+    """A `fit` or `average` checkpoint; `read_checkpoint` has checked its config and weights."""
     checkpoint = read_checkpoint(path)
-    try:
-        config = LlamaConfig.from_dict(checkpoint["taps"]["drafter_config"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise TapsError(f"{where} has no readable drafter config ({err}); pass a checkpoint written by `taps-train fit` or `average`") from err
-    config.fc_bias = bool(getattr(config, "fc_bias", False))
-    weights = {key.removeprefix("drafter."): value for key, value in checkpoint.get("state_dict", {}).items()
-               if key.startswith("drafter.") and key.removeprefix("drafter.") not in VERIFIER_PARTS}
-    check_tensors(weights, expected_shapes(config, bias=config.fc_bias, embeddings=False), where)
-    return _Source(Path(path), where, checkpoint, config, weights)
+    _, config, weights = trained_drafter(checkpoint)
+    return _Source(Path(path), f"checkpoint {path}", checkpoint, config, weights)
 
 
 def _check_options(layout: str, dtype: str) -> None:
@@ -303,7 +252,7 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
     if include_embeddings:
         embedding, _ = verifier.read_parts()  # the head stays unread on disk
         tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
-    check_tensors(tensors, expected_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
+    check_tensors(tensors, backbone_class(source.config).tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
     _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     _write_json(directory / "taps_export.json", _provenance(source, layout, dtype, include_embeddings, verifier, tau_table))

@@ -51,7 +51,7 @@ def test_average_refuses_a_non_finite_input_naming_it(drafters, value, tmp_path,
     output = tmp_path / "avg.ckpt"
     with pytest.raises(SystemExit) as exit_info:
         main(["average", "--drafters", drafters[0], str(bad), "--output", str(output)])
-    one_line_error(capsys, exit_info, str(bad), "non-finite", key)
+    one_line_error(capsys, exit_info, str(bad), "non-finite", key.removeprefix("drafter."))
     assert not output.exists()
 
 

@@ -1,7 +1,8 @@
 import torch
 import torch.nn.functional as F
 
-from taps_train.training.losses import alignment_mask, feature_loss, vocab_losses
+from taps_train.drafter.model import alignment_mask
+from taps_train.training.losses import feature_loss, vocab_losses
 
 
 def test_alignment_mask_on_six_tokens_matches_hand_written_expectation():

@@ -1,6 +1,9 @@
-"""The EAGLE-1/2 drafter (shared by HASS): a one-layer Llama-style head over verifier features."""
+"""Drafter backbones: the EAGLE-1/2 drafter (shared by HASS), the interface every backbone offers, and
+`build_drafter`, which makes any registered one from its config."""
 
+from taps_train.drafter.backbone import BACKBONES, DrafterBackbone, backbone_class, build_drafter
 from taps_train.drafter.config import drafter_config
+from taps_train.drafter.features import FeatureContract
 from taps_train.drafter.model import Drafter, KVCache
 
-__all__ = ["Drafter", "KVCache", "drafter_config"]
+__all__ = ["BACKBONES", "Drafter", "DrafterBackbone", "FeatureContract", "KVCache", "backbone_class", "build_drafter", "drafter_config"]

@@ -28,11 +28,13 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
     if len(paths) < 2:
         raise TapsError(f"--drafters: averaging needs at least two drafters, got {len(paths)}; pass two or more checkpoints")
     weights = check_weights(weights if weights is not None else [1.0 / len(paths)] * len(paths), len(paths))
-    checkpoints = [read_checkpoint(path) for path in paths]
-    for path, checkpoint in zip(paths, checkpoints):
-        _check_finite(checkpoint["state_dict"], f"drafter checkpoint {path}", "pass a checkpoint from a run that did not diverge")
+    checkpoints = [read_checkpoint(path) for path in paths]  # each checked: shapes of its config, finite values
     first = checkpoints[0]
     for path, checkpoint in zip(paths[1:], checkpoints[1:]):
+        backbones = [c["taps"]["drafter_config"].get("architectures") for c in (first, checkpoint)]
+        if backbones[0] != backbones[1]:
+            raise TapsError(f"cannot average {paths[0]} ({backbones[0][0]}) and {path} ({backbones[1][0]}): weights of different drafter "
+                            "backbones do not correspond; average drafters of one backbone, or compose them with --strategy route/merge")
         if checkpoint["taps"]["verifier"] != first["taps"]["verifier"]:
             raise TapsError(f"cannot average {paths[0]} and {path}: trained against different verifiers "
                             f"({first['taps']['verifier']['path']} vs {checkpoint['taps']['verifier']['path']})")

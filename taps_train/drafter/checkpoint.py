@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
+from transformers import PretrainedConfig
 
+from taps_train.drafter.backbone import DrafterBackbone, backbone_class, build_drafter
 from taps_train.drafter.deepspeed_checkpoint import is_deepspeed_checkpoint, read_deepspeed_checkpoint
-from taps_train.drafter.model import Drafter
 from taps_train.errors import TapsError, first_line
 
 
@@ -57,6 +57,41 @@ def _check_layout(checkpoint: object, path: Path) -> None:
     weights = checkpoint.get("state_dict")
     if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()):
         raise refuse("'state_dict' missing or not a mapping of names to tensors")
+    try:
+        cls, config, trained = trained_drafter(checkpoint)
+    except Exception as err:  # noqa: BLE001 - transformers validates config fields with many error types
+        raise refuse(f"'taps.drafter_config' is not a valid drafter config: {first_line(err)}") from err
+    check_tensors(trained, cls.tensor_shapes(config, bias=config.fc_bias, embeddings=False), f"drafter checkpoint {path}")
+
+
+def trained_drafter(checkpoint: dict) -> tuple[type[DrafterBackbone], PretrainedConfig, dict[str, torch.Tensor]]:
+    """A checkpoint's backbone, its config, and its trained weights (names without `drafter.`; the verifier's
+    parts left out even where a checkpoint carries them)."""
+    cls = backbone_class(checkpoint["taps"]["drafter_config"])
+    config = cls.config_class.from_dict(checkpoint["taps"]["drafter_config"])
+    config.fc_bias = bool(getattr(config, "fc_bias", False))
+    names = {key: key.removeprefix("drafter.") for key in checkpoint["state_dict"]}
+    return cls, config, {names[key]: value for key, value in checkpoint["state_dict"].items() if names[key] not in cls.frozen_parameter_names()}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str) -> None:
+    """Exactly the expected keys, each with its shape and finite floating-point values: what decoding, export
+    and averaging rely on."""
+    missing = [key for key in expected if key not in tensors]
+    if missing:
+        raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
+                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") + "; it is not a complete drafter")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise TapsError(f"{where} has tensors this drafter does not: {unexpected}")
+    for key, shape in expected.items():
+        tensor = tensors[key]
+        if tuple(tensor.shape) != shape:
+            raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
+        if not tensor.is_floating_point():
+            raise TapsError(f"{where}: {key} is {tensor.dtype}, not floating point; it does not hold a drafter's weights")
+        if not torch.isfinite(tensor).all():
+            raise TapsError(f"{where}: {key} has non-finite values (NaN/inf); the checkpoint is corrupt or training diverged")
 
 
 def check_verifier(checkpoint: dict, fingerprint: dict, where: str) -> None:
@@ -69,24 +104,24 @@ def check_verifier(checkpoint: dict, fingerprint: dict, where: str) -> None:
         )
 
 
-def load_drafter_weights(drafter: Drafter, checkpoint: dict, where: str) -> None:
+def load_drafter_weights(drafter: DrafterBackbone, checkpoint: dict, where: str) -> None:
     weights = {k.removeprefix("drafter."): v for k, v in checkpoint["state_dict"].items() if k.startswith("drafter.")}
     missing, unexpected = drafter.load_state_dict(weights, strict=False)
     if unexpected or set(missing) - set(drafter.frozen_parameter_names()):
         raise TapsError(f"{where} does not match this drafter (missing {missing}, unexpected {unexpected})")
 
 
-def load_drafter(path: str | Path, verifier: nn.Module, fingerprint: dict) -> Drafter:
+def load_drafter(path: str | Path, verifier: nn.Module, fingerprint: dict) -> DrafterBackbone:
     """A ready-to-decode drafter from a checkpoint, with the verifier's embedding and LM head."""
     checkpoint = read_checkpoint(path)
     check_verifier(checkpoint, fingerprint, f"drafter checkpoint {path}")
     return drafter_from_checkpoint(checkpoint, verifier, f"drafter checkpoint {path}")
 
 
-def drafter_from_checkpoint(checkpoint: dict, verifier: nn.Module, where: str) -> Drafter:
+def drafter_from_checkpoint(checkpoint: dict, verifier: nn.Module, where: str) -> DrafterBackbone:
     """Trained weights in float32 next to the verifier's LM head (the device its features come out
     on); embedding and head are the verifier's own tensors, shared, not copied."""
-    drafter = Drafter(LlamaConfig.from_dict(checkpoint["taps"]["drafter_config"]))
+    drafter = build_drafter(checkpoint["taps"]["drafter_config"])
     drafter.load_verifier_parts(verifier)
     load_drafter_weights(drafter, checkpoint, where)
     return drafter.to(verifier.get_output_embeddings().weight.device).eval()

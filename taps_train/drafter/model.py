@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -25,6 +25,9 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
+from taps_train.drafter.backbone import DrafterBackbone, register
+from taps_train.drafter.config import drafter_config
+from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract
 from taps_train.errors import TapsError
 
 
@@ -91,7 +94,10 @@ class DrafterLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class Drafter(nn.Module):
+@register("LlamaForCausalLMEagle")
+class Drafter(DrafterBackbone):
+    """EAGLE-1/2, and HASS (same network, other training): one Llama layer over the verifier's last feature."""
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -103,7 +109,37 @@ class Drafter(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
 
-    def frozen_parameter_names(self) -> list[str]:
+    @classmethod
+    def config_for(cls, verifier_config: PretrainedConfig, fc_bias: bool = False) -> LlamaConfig:
+        return drafter_config(verifier_config, fc_bias)
+
+    @classmethod
+    def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
+        hidden, inner = config.hidden_size, config.intermediate_size
+        q_width = config.num_attention_heads * config.head_dim
+        kv_width = config.num_key_value_heads * config.head_dim
+        shapes = {
+            "fc.weight": (hidden, 2 * hidden),
+            "layers.0.self_attn.q_proj.weight": (q_width, hidden),
+            "layers.0.self_attn.k_proj.weight": (kv_width, hidden),
+            "layers.0.self_attn.v_proj.weight": (kv_width, hidden),
+            "layers.0.self_attn.o_proj.weight": (hidden, q_width),
+            "layers.0.post_attention_layernorm.weight": (hidden,),
+            "layers.0.mlp.gate_proj.weight": (inner, hidden),
+            "layers.0.mlp.up_proj.weight": (inner, hidden),
+            "layers.0.mlp.down_proj.weight": (hidden, inner),
+        }
+        if bias:
+            shapes["fc.bias"] = (hidden,)
+        if embeddings:
+            shapes["embed_tokens.weight"] = (config.vocab_size, hidden)
+        return shapes
+
+    def feature_contract(self) -> FeatureContract:
+        return EAGLE_FEATURES
+
+    @classmethod
+    def frozen_parameter_names(cls) -> list[str]:
         return ["embed_tokens.weight", "lm_head.weight"]
 
     def use_verifier_parts(self, embedding: torch.Tensor, lm_head: torch.Tensor) -> None:
@@ -119,10 +155,6 @@ class Drafter(nn.Module):
         self.embed_tokens.weight = nn.Parameter(embedding.detach(), requires_grad=False)
         tied = lm_head is embedding  # one parameter, so a cast keeps one copy
         self.lm_head.weight = self.embed_tokens.weight if tied else nn.Parameter(lm_head.detach(), requires_grad=False)
-
-    def load_verifier_parts(self, verifier: nn.Module) -> None:
-        """Share a loaded verifier's input embedding and LM head."""
-        self.use_verifier_parts(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)
 
     def cast_verifier_parts(self, dtype: torch.dtype) -> None:
         """Keep the frozen parts in the dtype training computes in (bf16 under bf16-mixed), one copy."""
@@ -162,6 +194,43 @@ class Drafter(nn.Module):
             k, v = cache.keys, cache.values
         return layer.finish(hidden, layer.self_attn.attend(q, k, v, mask))
 
+    def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """HASS's harmonized context alignment (steps = 1: plain EAGLE training). Pass n reads, at position s, the
+        prediction of f_s made at position s-1 in pass n-1 (detached) and attends to the keys of the most recent
+        n-1 positions from those predictions, as it will when drafting n levels deep (`alignment_mask`)."""
+        length = next_ids.shape[1]
+        positions = torch.arange(length, device=next_ids.device)[None].expand(next_ids.shape[0], -1)
+        layer = self.layers[0]
+        keys, values, inputs, predictions = [], [], features, []
+        for step in range(1, steps + 1):
+            hidden = self.layer_input(next_ids, inputs)
+            q, k, v = layer.self_attn.project(hidden, self.rope(hidden, positions))
+            keys.append(k)
+            values.append(v)
+            mask = alignment_mask(length, step, next_ids.device)
+            predictions.append(layer.finish(hidden, layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)))
+            inputs = torch.cat([features[:, :1], predictions[-1][:, :-1].detach()], dim=1)
+        return predictions
+
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Verifier-vocabulary logits, computed in the LM head's dtype (which may be lower than the features')."""
         return F.linear(features.to(self.lm_head.weight.dtype), self.lm_head.weight)
+
+
+def alignment_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Which keys a query attends to at HASS alignment step `step` (1-based): bool [T, step*T].
+
+    Keys are the concatenation of the K/V blocks of steps 1..step. Query s sees, at position j <= s,
+    the key from step m = step - (s - j): the most recent `step - 1` positions come from the drafter's
+    own earlier predictions, older ones (m would be < 1) from the true features of step 1.
+    """
+    s = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    distance = s - j
+    blocks = []
+    for m in range(1, step + 1):
+        if m == 1:
+            blocks.append((distance >= step - 1) & (distance >= 0))
+        else:
+            blocks.append(distance == step - m)
+    return torch.cat(blocks, dim=1)

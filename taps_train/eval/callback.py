@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import SumMetric
 
-from taps_train.drafter import Drafter
+from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import drafter_from_checkpoint
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import run_benchmark
@@ -97,7 +97,7 @@ class AcceptanceLengthCallback(Callback):
         module.log("val/tau_seconds", torch.tensor(time.perf_counter() - began), sync_dist=False)
 
 
-def _decoding_drafter(drafter: Drafter, verifier: torch.nn.Module) -> Drafter:
+def _decoding_drafter(drafter: DrafterBackbone, verifier: torch.nn.Module) -> DrafterBackbone:
     """The drafter itself, or under ZeRO-3 (partitioned parameters carry `ds_id`) a whole copy of its
     trained weights gathered from all ranks, next to the verifier's own embedding and head."""
     if not any(hasattr(p, "ds_id") for p in drafter.parameters()):

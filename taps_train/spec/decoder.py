@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from taps_train.drafter import Drafter
+from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
 from taps_train.spec.accept import (
     Acceptance,
@@ -61,7 +61,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         verifier: PreTrainedModel,
-        drafters: list[Drafter],
+        drafters: list[DrafterBackbone],
         tree: TreeConfig = TreeConfig(),
         strategy: Strategy = single,
         temperature: float = 0.0,

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from taps_train.drafter import Drafter, KVCache
+from taps_train.drafter import DrafterBackbone, KVCache
 from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes
 
 
@@ -11,7 +11,7 @@ class DrafterState:
     """One drafter across decoding rounds: the KV cache of committed positions (position t consumed
     (f_t, x_{t+1})) and its predicted feature for the position after the newest committed token."""
 
-    def __init__(self, drafter: Drafter):
+    def __init__(self, drafter: DrafterBackbone):
         self.drafter = drafter
         self.cache = KVCache()
         self.committed = 0

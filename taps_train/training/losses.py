@@ -97,21 +97,3 @@ def _chunk(predicted: torch.Tensor, target: torch.Tensor, head_weight: torch.Ten
         grad.copy_((dz.to(head_weight.dtype) @ head_weight).float())
     return sums
 
-
-def alignment_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
-    """Which keys a query attends to at HASS alignment step `step` (1-based): bool [T, step*T].
-
-    Keys are the concatenation of the K/V blocks of steps 1..step. Query s sees, at position j <= s,
-    the key from step m = step - (s - j): the most recent `step - 1` positions come from the drafter's
-    own earlier predictions, older ones (m would be < 1) from the true features of step 1.
-    """
-    s = torch.arange(length, device=device)[:, None]
-    j = torch.arange(length, device=device)[None, :]
-    distance = s - j
-    blocks = []
-    for m in range(1, step + 1):
-        if m == 1:
-            blocks.append((distance >= step - 1) & (distance >= 0))
-        else:
-            blocks.append(distance == step - m)
-    return torch.cat(blocks, dim=1)

@@ -17,14 +17,15 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from taps_train.drafter import Drafter, drafter_config
+from taps_train.drafter import Drafter, build_drafter
+from taps_train.drafter.features import FEATURES
 from taps_train.drafter.checkpoint import (
     check_verifier,
     load_drafter_weights,
     read_checkpoint,
 )
 from taps_train.errors import TapsError
-from taps_train.training.losses import alignment_mask, feature_loss, vocab_losses
+from taps_train.training.losses import feature_loss, vocab_losses
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
 from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
@@ -112,7 +113,7 @@ class Eagle2Module(LightningModule):
         # so N ranks do not each hold an 8B model in host RAM before training starts.
         files = read_verifier_files(verifier)
         self.verifier_fingerprint = verifier_fingerprint(files.path, files.tokenizer)
-        self.drafter = Drafter(drafter_config(files.config, fc_bias))
+        self.drafter = build_drafter(Drafter.config_for(files.config, fc_bias=fc_bias))
         self.drafter.use_verifier_parts(*files.read_parts())
         self._verifier: LoadedVerifier | None = None  # the full verifier, loaded on first need (online, τ callback)
         if init_from:
@@ -140,13 +141,17 @@ class Eagle2Module(LightningModule):
             self._verifier = load_verifier(self.hparams.verifier, str(self.device), self.hparams.verifier_dtype)
         return self._verifier
 
-    def batch_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Cached features, or (online mode) the frozen verifier's post-norm last hidden states."""
-        if "features" in batch:
-            return batch["features"]
+    def batch_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The drafter's named per-token tensors (its feature contract): cached, or in online mode computed now
+        by the frozen verifier."""
+        contract = self.drafter.feature_contract()
+        if FEATURES in batch:
+            return {name: batch[name].float() for name in contract.names}
         with torch.no_grad():
             model = self.frozen_verifier().model
-            return model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state.float()
+            out = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   output_hidden_states=contract.hidden_state_indices)
+            return {name: tensor.float() for name, tensor in contract.extract(out.hidden_states).items()}
 
     def _noise(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """`features` [B, T, H] plus uniform noise of width `feature_noise`, or under `noise_scaling: length`
@@ -161,10 +166,10 @@ class Eagle2Module(LightningModule):
     # --- the forward passes -------------------------------------------------------------------
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        features = self.batch_features(batch).float()
+        tensors = self.batch_features(batch)
         ids, loss_mask = batch["input_ids"], batch["loss_mask"]
-        length = ids.shape[1] - 1
-        next_ids, inputs, targets = ids[:, 1:], features[:, :-1], features[:, 1:]
+        next_ids, inputs = ids[:, 1:], tensors[FEATURES][:, :-1]
+        targets = self.drafter.feature_contract().targets(tensors)[:, 1:]
         counts = torch.zeros_like(loss_mask[:, 1:])
         counts[:, :-1] = loss_mask[:, 2:]  # the position predicting x_{t+2} counts if x_{t+2} is an assistant token
         if not counts.any():  # every sample truncated before its reply: nothing to learn, keep the step
@@ -172,22 +177,11 @@ class Eagle2Module(LightningModule):
             return zero, {"loss": zero}
         if train and self.hparams.feature_noise > 0:
             inputs = self._noise(inputs, batch["attention_mask"].sum(1))
-        positions = torch.arange(length, device=ids.device)[None].expand(ids.shape[0], -1)
-        layer = self.drafter.layers[0]
-        keys, values, step_inputs = [], [], inputs
         total, logs = 0.0, {}
-        for step in range(1, self.hparams.align_steps + 1):
-            hidden = self.drafter.layer_input(next_ids, step_inputs)
-            q, k, v = layer.self_attn.project(hidden, self.drafter.rope(hidden, positions))
-            keys.append(k)
-            values.append(v)
-            mask = alignment_mask(length, step, ids.device)
-            predicted = layer.finish(hidden, layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
+        for step, predicted in enumerate(self.drafter.unroll(next_ids, inputs, self.hparams.align_steps), start=1):
             loss, step_logs = self._loss(predicted[counts], targets[counts])
             total = total + (loss if self.hparams.align_reduction == "sum" else loss / self.hparams.align_steps)
             logs.update({f"{name}_step{step}": value for name, value in step_logs.items()})
-            # Step n+1 reads, at position s, the prediction of f_s made at position s-1 in step n.
-            step_inputs = torch.cat([inputs[:, :1], predicted[:, :-1].detach()], dim=1)
         logs["loss"] = total
         return total, logs
 
