@@ -57,9 +57,9 @@ class ForwardClock:
 def forward_clock() -> Iterator[ForwardClock]:
     clock, real = ForwardClock(), feature_cache.verifier_features
 
-    def timed(model, samples, pad_id):
+    def timed(model, samples, *args):
         start = time.perf_counter()
-        result = real(model, samples, pad_id)
+        result = real(model, samples, *args)
         clock.seconds += time.perf_counter() - start
         clock.calls += 1
         return result
@@ -114,9 +114,9 @@ def disk_figures(recipe: Path, root: Path, p: RecipePreparer, tokens: int) -> No
     fp8_preparer.build(fp8_preparer.sources())
     fp8 = tree_bytes(fp8_root) / tokens
     print(f"bf16 cache: {tree_bytes(root) / 1e6:,.1f} MB, {bf16:.1f} bytes/token "
-          f"(formula {feature_cache.bytes_per_token(hidden, 'bfloat16')}: 2*H features + 4 id + 1 mask)")
+          f"(formula {feature_cache.bytes_per_token([hidden], 'bfloat16')}: 2*H features + 4 id + 1 mask)")
     print(f"fp8 cache:  {tree_bytes(fp8_root) / 1e6:,.1f} MB, {fp8:.1f} bytes/token "
-          f"(formula {feature_cache.bytes_per_token(hidden, 'fp8_e4m3')}: H features + 4 scale + 4 id + 1 mask)")
+          f"(formula {feature_cache.bytes_per_token([hidden], 'fp8_e4m3')}: H features + 4 scale + 4 id + 1 mask)")
     print(f"(b) bf16 bytes/token / (2*H): {bf16 / (2 * hidden):.3f}  (target <= 1.05)")
     print(f"    fp8 bytes/token / bf16 bytes/token: {fp8 / bf16:.3f}  (target <= 0.55)")
 

@@ -78,6 +78,8 @@ def run_lightning(args: list[str] | None, command: str) -> None:
         def add_arguments_to_parser(self, parser) -> None:
             # One verifier per run: the datamodule caches the features of the verifier the drafter serves.
             parser.link_arguments("model.init_args.verifier", "data.init_args.verifier")
+            # ... and the hidden states its backbone reads (the feature contract).
+            parser.link_arguments("model", "data.init_args.feature_layers", compute_fn=feature_layers, apply_on="instantiate")
 
         def parse_arguments(self, parser, args) -> None:
             super().parse_arguments(parser, args)
@@ -106,6 +108,11 @@ def run_lightning(args: list[str] | None, command: str) -> None:
         if cause is None:
             raise
         raise cause from None
+
+
+def feature_layers(module) -> tuple[int, ...]:
+    """The verifier hidden states a training module's drafter reads."""
+    return module.drafter.feature_contract().layers
 
 
 # Values of Trainer.fit/validate/test(ckpt_path=...) that name no file: Lightning resolves them itself.

@@ -33,13 +33,13 @@ feature_cache.CacheSettings = datamodule.CacheSettings = functools.partial(featu
 write_shard = feature_cache._write_shard
 
 
-def logged(model, samples, directory, span, *rest):
+def logged(model, contract, samples, directory, span, *rest):
     """Logs each shard the verifier computes, and holds the first until the test says go."""
     with open(os.environ["SHARD_LOG"], "a") as log:
         log.write(f"{{os.getpid()}} {{directory.name}} {{span[0]}}:{{span[1]}}\\n")
     while not Path(os.environ["GO"]).exists():
         time.sleep(0.05)
-    return write_shard(model, samples, directory, span, *rest)
+    return write_shard(model, contract, samples, directory, span, *rest)
 
 
 feature_cache._write_shard = logged

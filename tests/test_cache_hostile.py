@@ -66,5 +66,5 @@ def test_disk_check_counts_headers_and_offsets(recipe, random_verifier_dir, tmp_
     manifest = json.loads(_built(recipe, random_verifier_dir, tmp_path, capsys).read_text())
     hidden = json.loads((random_verifier_dir / "config.json").read_text())["hidden_size"]
     for shard in manifest["shards"]:
-        bound = shard_bytes_bound(shard["tokens"], shard["end"] - shard["start"], 1, hidden, manifest["fingerprint"]["dtype"])
+        bound = shard_bytes_bound(shard["tokens"], shard["end"] - shard["start"], 1, [hidden], manifest["fingerprint"]["dtype"])
         assert shard["bytes"] <= bound <= shard["bytes"] * 1.05 + 8192

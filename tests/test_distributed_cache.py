@@ -132,9 +132,9 @@ def test_a_killed_distributed_build_resumes_shard_by_shard(entry, recipe, random
 
     computed, real = [], feature_cache._write_shard
 
-    def counted(model, samples, *rest):
+    def counted(model, contract, samples, *rest):
         computed.append(len(samples))
-        return real(model, samples, *rest)
+        return real(model, contract, samples, *rest)
 
     monkeypatch.setattr(feature_cache, "_write_shard", counted)
     single_process_build(recipe, random_verifier_dir, tmp_path / "one")  # the same killed state, resumed by one process

@@ -23,6 +23,7 @@ from taps_train.data.feature_cache import (
 )
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
+from taps_train.drafter.features import EAGLE_FEATURES
 from taps_train.errors import TapsError
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from tests.conftest import write_source
@@ -78,11 +79,11 @@ class ForwardCounter:
         self.samples, self.fail, self.real = 0, fail, feature_cache.verifier_features
         monkeypatch.setattr(feature_cache, "verifier_features", self)
 
-    def __call__(self, model, samples, pad_id):
+    def __call__(self, model, samples, *args):
         if self.fail:
             raise AssertionError("the verifier ran although everything was cached")
         self.samples += len(samples)
-        return self.real(model, samples, pad_id)
+        return self.real(model, samples, *args)
 
 
 def test_stored_feature_is_the_post_norm_last_hidden_state_and_the_lm_head_reproduces_logits(tmp_path, data, random_verifier_dir):
@@ -129,22 +130,22 @@ def test_fp8_round_trip_error_is_small_and_its_files_smaller(tmp_path, data, ran
     assert max(errors["fp8"]) < 0.05
     assert sum(errors["fp8"]) > sum(errors["bf16"])  # it really is stored in 8 bits
     sizes = {name: sum(s["bytes"] for s in c.shards) for name, c in (("bf16", bf16), ("fp8", fp8))}
-    assert sizes["fp8"] / sizes["bf16"] == pytest.approx(bytes_per_token(HIDDEN, "fp8_e4m3") / bytes_per_token(HIDDEN, "bfloat16"), abs=0.01)
+    assert sizes["fp8"] / sizes["bf16"] == pytest.approx(bytes_per_token([HIDDEN], "fp8_e4m3") / bytes_per_token([HIDDEN], "bfloat16"), abs=0.01)
 
 
 def test_bytes_per_token_formula_and_files_on_disk(tmp_path, data, random_verifier_dir):
-    assert bytes_per_token(HIDDEN, "bfloat16") == 2 * HIDDEN + 4 + 1  # features + int32 id + uint8 mask
-    assert bytes_per_token(HIDDEN, "fp8_e4m3") == HIDDEN + 4 + 4 + 1  # + float32 per-token scale
+    assert bytes_per_token([HIDDEN], "bfloat16") == 2 * HIDDEN + 4 + 1  # features + int32 id + uint8 mask
+    assert bytes_per_token([HIDDEN], "fp8_e4m3") == HIDDEN + 4 + 4 + 1  # + float32 per-token scale
     for hidden in (128, 4096):  # the tiny verifier, Llama-3-8B
-        assert bytes_per_token(hidden, "bfloat16") / (2 * hidden) <= 1.05
-        assert bytes_per_token(hidden, "fp8_e4m3") / bytes_per_token(hidden, "bfloat16") <= 0.55
+        assert bytes_per_token([hidden], "bfloat16") / (2 * hidden) <= 1.05
+        assert bytes_per_token([hidden], "fp8_e4m3") / bytes_per_token([hidden], "bfloat16") <= 0.55
     recipe = write_recipe(tmp_path, "math", [(data["math"], 3, 9)])
     for dtype in ("bfloat16", "fp8_e4m3"):
         [cache] = build(recipe, random_verifier_dir, tmp_path / "cache", dtype=dtype, shard_samples=5)
         assert len(cache.shards) == 3
         for shard in cache.shards:
             size = (cache.directory / shard["file"]).stat().st_size
-            payload = shard["tokens"] * bytes_per_token(HIDDEN, dtype) + 8 * (shard["end"] - shard["start"] + 1)  # + int64 offsets
+            payload = shard["tokens"] * bytes_per_token([HIDDEN], dtype) + 8 * (shard["end"] - shard["start"] + 1)  # + int64 offsets
             assert size == shard["bytes"]
             assert payload <= size <= payload + 1024  # a small safetensors header, nothing per sample
         assert not list(cache.directory.glob("*.tmp")) and not list(cache.directory.glob(".*tmp"))
@@ -157,12 +158,12 @@ def test_killed_build_resumes_to_a_byte_identical_cache(tmp_path, data, random_v
 
     real_write, calls = feature_cache._write_shard, []
 
-    def dies_after_the_first_shard(model, samples, directory, span, settings, pad_id, bar):
+    def dies_after_the_first_shard(model, contract, samples, directory, span, *rest):
         if calls:
             (directory / f".shard-0000{len(calls)}.safetensors.999.tmp").write_bytes(b"half a shard")  # what a kill leaves
             raise KeyboardInterrupt
         calls.append(span)
-        return real_write(model, samples, directory, span, settings, pad_id, bar)
+        return real_write(model, contract, samples, directory, span, *rest)
 
     monkeypatch.setattr(feature_cache, "_write_shard", dies_after_the_first_shard)
     with pytest.raises(KeyboardInterrupt):
@@ -211,7 +212,7 @@ def test_a_cache_built_for_another_setup_is_refused(tmp_path, data, random_verif
         with pytest.raises(TapsError, match=f"built for a different setup \\(differs in: {field}\\); refusing"):
             FeatureCache(cache.directory, {**source.fingerprint, field: value})
         with pytest.raises(TapsError, match="refusing to use it"):
-            writer = ShardWriter(lambda: p.verifier.model, HIDDEN, CacheSettings(), 0)
+            writer = ShardWriter(lambda: p.verifier.model, EAGLE_FEATURES, HIDDEN, CacheSettings(), 0)
             writer.fill(source.samples, cache.directory, {**source.fingerprint, field: value}, shard_ranges(len(source.samples), 1024))
 
 
@@ -316,7 +317,7 @@ def test_dry_run_prints_tokens_and_size_and_writes_nothing(tmp_path, data, rando
     monkeypatch.setattr("taps_train.data.prepare.load_verifier", lambda *a, **k: pytest.fail("dry run loaded the verifier"))
     main(["cache", "--recipe", str(recipe), "--verifier", str(random_verifier_dir), "--cache-dir", str(tmp_path / "cache"), "--dry-run"])
     out = capsys.readouterr().out
-    megabytes = sum(tokens) * bytes_per_token(HIDDEN, "bfloat16") / 1e6
+    megabytes = sum(tokens) * bytes_per_token([HIDDEN], "bfloat16") / 1e6
     assert f"total: {sum(tokens):,} tokens, {megabytes:,.1f} MB to write (bfloat16)" in out
     assert f"jsonl[0]: 12 samples, {tokens[0]:,} tokens" in out and f"jsonl[1]: 8 samples, {tokens[1]:,} tokens" in out
     assert not list((tmp_path / "cache").rglob("*.safetensors")) and not list((tmp_path / "cache").rglob("manifest.json"))

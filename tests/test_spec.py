@@ -97,7 +97,7 @@ def test_tree_node_logits_equal_their_paths_run_as_plain_sequences(verifier):
         with torch.no_grad():
             plain = verifier(input_ids=sequence[None], output_hidden_states=True)
         torch.testing.assert_close(tree_logits[node], plain.logits[0, -1], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(tree_hidden[node], plain.hidden_states[-1][0, -1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(tree_hidden[-1][node], plain.hidden_states[-1][0, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_best_nodes_keeps_the_most_confident_ancestor_closed_set():

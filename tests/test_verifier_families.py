@@ -115,7 +115,7 @@ def assert_tree_equals_paths(model: PreTrainedModel, session: VerifierSession, p
     for node in range(len(tree)):
         plain = plain_forward(model, prefix + path_tokens(tree, node))
         torch.testing.assert_close(logits[node], plain.logits[0, -1], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(hidden[node], plain.hidden_states[-1][0, -1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(hidden[-1][node], plain.hidden_states[-1][0, -1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("prompt_kind", ["short", "long"])

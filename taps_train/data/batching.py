@@ -85,20 +85,14 @@ def split_by_length(ascending: list[int], lengths: list[int], max_tokens: int | 
 
 
 def pad_collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pad `input_ids`, `loss_mask` and (if present) `features`; add `attention_mask`."""
+    """Right-pad every per-token tensor of the items (`input_ids`, `loss_mask`, and whatever a feature contract
+    stores, such as `features` [T, W]); add `attention_mask`."""
     width = max(len(item["input_ids"]) for item in items)
-    batch = {
-        "input_ids": torch.zeros(len(items), width, dtype=torch.long),
-        "loss_mask": torch.zeros(len(items), width, dtype=torch.bool),
-        "attention_mask": torch.zeros(len(items), width, dtype=torch.bool),
-    }
-    if "features" in items[0]:
-        batch["features"] = torch.zeros(len(items), width, items[0]["features"].shape[-1])
+    batch = {key: value.new_zeros((len(items), width, *value.shape[1:])) for key, value in items[0].items()}
+    batch["attention_mask"] = torch.zeros(len(items), width, dtype=torch.bool)
     for row, item in enumerate(items):
         n = len(item["input_ids"])
-        batch["input_ids"][row, :n] = item["input_ids"]
-        batch["loss_mask"][row, :n] = item["loss_mask"]
+        for key, value in item.items():
+            batch[key][row, :n] = value
         batch["attention_mask"][row, :n] = True
-        if "features" in batch:
-            batch["features"][row, :n] = item["features"]
     return batch

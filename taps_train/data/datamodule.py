@@ -27,6 +27,7 @@ from taps_train.data.distributed import (
 from taps_train.data.feature_cache import CacheSettings, FeatureCache
 from taps_train.data.prepare import PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
+from taps_train.drafter.features import LAST, FeatureContract
 from taps_train.errors import TapsError
 from taps_train.verifier.placement import resolve_placement
 
@@ -79,6 +80,7 @@ class DrafterDataModule(LightningDataModule):
         val_samples_per_source: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
+        feature_layers: tuple[int, ...] = (LAST,),
     ):
         """
         Args:
@@ -96,6 +98,8 @@ class DrafterDataModule(LightningDataModule):
             val_samples_per_source: validate on at most this many held-out samples per source (None: all).
             num_workers: DataLoader worker processes.
             seed: shuffling seed (per epoch: seed + epoch).
+            feature_layers: the verifier hidden states the drafter reads (its feature contract; -1 = the post-norm
+                last state). `taps-train fit` sets it from the model's drafter backbone.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -103,6 +107,7 @@ class DrafterDataModule(LightningDataModule):
         self.recipe = load_recipe(recipe)
         self.verifier = verifier
         self.settings = CacheSettings(dtype=feature_dtype)
+        self.contract = FeatureContract(tuple(feature_layers))
         resolve_placement(verifier_device, verifier_dtype)  # refuse a bad device/dtype now, not after the data is read
         self.verifier_device = verifier_device
         self.verifier_dtype = verifier_dtype
@@ -121,7 +126,7 @@ class DrafterDataModule(LightningDataModule):
         """One per process: loading the sources and hashing their files is not free (125 MB for ShareGPT)."""
         if self._recipe_preparer is None:
             self._recipe_preparer = RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings,
-                                                  self.verifier_device, self.verifier_dtype)
+                                                  self.verifier_device, self.verifier_dtype, self.contract)
         return self._recipe_preparer
 
     def prepare_data(self) -> None:

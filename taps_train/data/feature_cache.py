@@ -3,8 +3,11 @@
 Layout of one cache directory (one per verifier x source selection x max length x dtype):
 
     manifest.json             fingerprint, shard list (position range, bytes, sha256), build report
-    shard-00000.safetensors   features [T, H], input_ids [T] int32, loss_mask [T] uint8,
-                              offsets [n+1] int64 (per-sample token ranges), scales [T] (fp8 only)
+    shard-00000.safetensors   the feature contract's per-token tensors (`features` [T, W], and
+                              `targets` [T, H] where the backbone needs them apart), input_ids [T]
+                              int32, loss_mask [T] uint8, offsets [n+1] int64 (per-sample token
+                              ranges), per-token fp8 scales (`scales` for features, `<name>_scales`
+                              for the others; fp8 only)
 
 Samples are addressed by *position* in the source's seeded permutation (held-out first, then
 training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
@@ -14,8 +17,9 @@ once, and a killed build resumes shard by shard and ends byte-identical to an un
 manifest is written once, when every shard exists. Two builds of one directory take turns
 (`RecipePreparer.build` locks it), so the second finds the shards done.
 
-Stored feature: the verifier's `last_hidden_state` (after the final norm, equal to
-`hidden_states[-1]` in transformers), so the verifier's LM head applies to it directly.
+What is stored is the drafter backbone's feature contract (taps_train/drafter/features.py): for
+EAGLE-1/2 and HASS the verifier's post-norm last hidden state alone, so the verifier's LM head applies
+to it directly. The contract is part of the fingerprint.
 """
 
 import bisect
@@ -24,7 +28,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +39,11 @@ from tqdm.auto import tqdm
 
 from taps_train.data.batching import split_by_length
 from taps_train.data.chat_format import TokenizedSample
+from taps_train.drafter.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
 from taps_train.errors import TapsError
 from taps_train.hashing import file_sha256
 
 FORMAT = 1
-FEATURE_KIND = "last_hidden_state_post_norm"
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 STORAGE_DTYPES = ("bfloat16", "fp8_e4m3")
 
@@ -55,19 +59,18 @@ class CacheSettings:
             raise TapsError(f"unknown feature cache dtype {self.dtype!r}; use one of {STORAGE_DTYPES}")
 
 
-def bytes_per_token(hidden_size: int, dtype: str) -> int:
-    """Stored bytes per token: features (+ fp8 scale) + int32 id + uint8 mask."""
-    features = 2 * hidden_size if dtype == "bfloat16" else hidden_size + 4
-    return features + 4 + 1
+def bytes_per_token(widths: Iterable[int], dtype: str) -> int:
+    """Stored bytes per token: each per-token tensor of width w (+ its fp8 scale) + int32 id + uint8 mask."""
+    return sum(2 * width if dtype == "bfloat16" else width + 4 for width in widths) + 4 + 1
 
 
 SHARD_HEADER_BYTES = 4096  # safetensors JSON header (tensor names, dtypes, offsets, metadata), rounded up
 DISK_MARGIN = 1.02  # filesystem blocks and the manifest; better refuse a little early than fail mid-shard
 
 
-def shard_bytes_bound(tokens: int, samples: int, shards: int, hidden_size: int, dtype: str) -> int:
+def shard_bytes_bound(tokens: int, samples: int, shards: int, widths: Iterable[int], dtype: str) -> int:
     """Bytes the shards of `tokens` tokens in `samples` samples will take, headers and offsets included."""
-    payload = tokens * bytes_per_token(hidden_size, dtype) + 8 * (samples + shards) + SHARD_HEADER_BYTES * shards
+    payload = tokens * bytes_per_token(widths, dtype) + 8 * (samples + shards) + SHARD_HEADER_BYTES * shards
     return int(payload * DISK_MARGIN)
 
 
@@ -81,8 +84,9 @@ def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def verifier_features(model: torch.nn.Module, samples: list[TokenizedSample], pad_id: int) -> list[torch.Tensor]:
-    """Post-norm last hidden states of right-padded `samples`, one [len, H] tensor each."""
+def verifier_features(model: torch.nn.Module, samples: list[TokenizedSample], pad_id: int,
+                      contract: FeatureContract = EAGLE_FEATURES) -> dict[str, torch.Tensor]:
+    """The contract's named tensors of right-padded `samples`, the samples' tokens concatenated: [Σ len, W] each."""
     device = next(model.parameters()).device
     width = max(len(s.input_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
@@ -90,16 +94,22 @@ def verifier_features(model: torch.nn.Module, samples: list[TokenizedSample], pa
     for row, sample in enumerate(samples):
         ids[row, : len(sample.input_ids)] = torch.tensor(sample.input_ids)
         attention[row, : len(sample.input_ids)] = 1
-    hidden = model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device)).last_hidden_state
-    return [hidden[row, : len(sample.input_ids)] for row, sample in enumerate(samples)]
+    out = model.base_model(input_ids=ids.to(device), attention_mask=attention.to(device), output_hidden_states=contract.hidden_state_indices)
+    return {name: torch.cat([hidden[row, : len(sample.input_ids)] for row, sample in enumerate(samples)])
+            for name, hidden in contract.extract(out.hidden_states).items()}
 
 
-def _encode(features: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+def _scales_key(name: str) -> str:
+    """The fp8 scales of the `features` keep the name caches had before other tensors were stored."""
+    return "scales" if name == FEATURES else f"{name}_scales"
+
+
+def _encode(name: str, values: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
     if dtype == "bfloat16":
-        return {"features": features.to(torch.bfloat16).cpu()}
-    features = features.float()
-    scales = (features.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-    return {"features": (features / scales[:, None]).to(torch.float8_e4m3fn).cpu(), "scales": scales.cpu()}
+        return {name: values.to(torch.bfloat16).cpu()}
+    values = values.float()
+    scales = (values.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
+    return {name: (values / scales[:, None]).to(torch.float8_e4m3fn).cpu(), _scales_key(name): scales.cpu()}
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,7 @@ class ShardWriter:
     or complete build never loads the model; `label` prefixes the progress bar (e.g. "rank 1: ")."""
 
     verifier: Callable[[], torch.nn.Module]
+    contract: FeatureContract
     hidden_size: int
     settings: CacheSettings
     pad_id: int
@@ -129,10 +140,12 @@ class ShardWriter:
 
     def _compute(self, samples: list[TokenizedSample], directory: Path, todo: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
         tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
-        _check_disk(directory, shard_bytes_bound(tokens, sum(b - a for a, b in todo), len(todo), self.hidden_size, self.settings.dtype))
+        _check_disk(directory, shard_bytes_bound(tokens, sum(b - a for a, b in todo), len(todo),
+                                                 self.contract.widths(self.hidden_size).values(), self.settings.dtype))
         model = self.verifier()
         with tqdm(total=tokens, desc=f"{self.label}caching features ({directory.name})", unit="tok", unit_scale=True) as bar:
-            return {(a, b): _write_shard(model, samples[a:b], directory, (a, b), self.settings, self.pad_id, bar) for a, b in todo}
+            return {(a, b): _write_shard(model, self.contract, samples[a:b], directory, (a, b), self.settings, self.pad_id, bar)
+                    for a, b in todo}
 
 
 def write_manifest(directory: Path, fingerprint: dict, shards: list[dict], samples: int, report: dict) -> None:
@@ -146,18 +159,19 @@ def _shard_name(span: tuple[int, int], settings: CacheSettings) -> str:
     return f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
 
 
-def _write_shard(model, samples, directory: Path, span: tuple[int, int], settings: CacheSettings, pad_id: int, bar) -> dict:
+def _write_shard(model, contract: FeatureContract, samples, directory: Path, span: tuple[int, int], settings: CacheSettings,
+                 pad_id: int, bar) -> dict:
     # Each batch is encoded (and moved off the verifier's device) as it comes out: a shard never holds its
     # fp32 features, which for an 8B verifier is ~16 GB per 1k conversations. Encoding is per token, so
     # the bytes equal those of encoding the whole shard at once.
     parts: dict[str, list[torch.Tensor | None]] = {}
     for batch in length_batches([len(s.input_ids) for s in samples], settings.batch_tokens):
-        hidden = verifier_features(model, [samples[i] for i in batch], pad_id)
-        sizes = [len(h) for h in hidden]
-        for key, value in _encode(torch.cat(hidden), settings.dtype).items():
-            column = parts.setdefault(key, [None] * len(samples))
-            for index, piece in zip(batch, value.split(sizes)):
-                column[index] = piece
+        sizes = [len(samples[i].input_ids) for i in batch]
+        for name, values in verifier_features(model, [samples[i] for i in batch], pad_id, contract).items():
+            for key, encoded in _encode(name, values, settings.dtype).items():
+                column = parts.setdefault(key, [None] * len(samples))
+                for index, piece in zip(batch, encoded.split(sizes)):
+                    column[index] = piece
         bar.update(sum(sizes))
     lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
     tensors = {
@@ -275,14 +289,14 @@ class FeatureCache:
         shard, local = self._locate(position)
         handle, offsets = self._handles(shard)
         a, b = int(offsets[local]), int(offsets[local + 1])
-        features = handle.get_slice("features")[a:b]
-        if "scales" in handle.keys():
-            features = features.float() * handle.get_slice("scales")[a:b][:, None]
-        return {
-            "input_ids": handle.get_slice("input_ids")[a:b].long(),
-            "loss_mask": handle.get_slice("loss_mask")[a:b].bool(),
-            "features": features.float(),
-        }
+        sample = {"input_ids": handle.get_slice("input_ids")[a:b].long(), "loss_mask": handle.get_slice("loss_mask")[a:b].bool()}
+        for name in (FEATURES, TARGETS):
+            if name in handle.keys():
+                values = handle.get_slice(name)[a:b]
+                if _scales_key(name) in handle.keys():
+                    values = values.float() * handle.get_slice(_scales_key(name))[a:b][:, None]
+                sample[name] = values.float()
+        return sample
 
     def token_counts(self, samples: int) -> tuple[int, int]:
         """(tokens, tokens in the loss) of the first `samples` positions, from the shards' offsets and loss

@@ -20,7 +20,6 @@ from taps_train.data.chat_format import TokenizedSample, tokenize_conversation
 from taps_train.data.conversation import Conversation
 from taps_train.data.distributed import Ranks, wait_until_visible
 from taps_train.data.feature_cache import (
-    FEATURE_KIND,
     FORMAT,
     CacheSettings,
     FeatureCache,
@@ -32,6 +31,7 @@ from taps_train.data.feature_cache import (
 )
 from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Recipe, SelectedSource, select
+from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.home import taps_home
 from taps_train.verifier.fingerprint import verifier_fingerprint
@@ -107,11 +107,12 @@ class RecipePreparer:
 
     `device` / `verifier_dtype` say where and in which precision the verifier computes features and
     regenerated replies; the compute dtype is part of the cache fingerprint (bf16 and fp32 features
-    differ), the storage dtype is `settings.dtype`.
+    differ), the storage dtype is `settings.dtype`. `contract` says which hidden states the drafter
+    backbone reads (and is part of the fingerprint too).
     """
 
     def __init__(self, recipe: Recipe, verifier: str, cache_root: Path | None = None, settings: CacheSettings = CacheSettings(),
-                 device: str = "auto", verifier_dtype: str = "auto"):
+                 device: str = "auto", verifier_dtype: str = "auto", contract: FeatureContract = EAGLE_FEATURES):
         self.recipe = recipe
         self.verifier_name = verifier
         self.cache_root = Path(cache_root) if cache_root else default_cache_root()
@@ -123,6 +124,8 @@ class RecipePreparer:
         self.tokenizer: PreTrainedTokenizerBase = files.tokenizer
         config = files.config
         self.hidden_size = config.hidden_size
+        self.contract = contract
+        check_layers(contract, config, verifier)
         context = getattr(config, "max_position_embeddings", None)
         if isinstance(context, int) and recipe.max_length > context:  # positions the verifier never trained on
             raise TapsError(f"recipe {recipe.name} has max_length {recipe.max_length} but verifier {verifier} has a context of "
@@ -155,7 +158,7 @@ class RecipePreparer:
                 "max_length": self.recipe.max_length,
                 "dtype": self.settings.dtype,
                 "compute_dtype": self.placement.dtype_name,
-                "feature": FEATURE_KIND,
+                "feature": self.contract.fingerprint(),
                 "regenerated": asdict(selected.selection.regenerate) if selected.selection.regenerate else None,
             }
             digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
@@ -215,7 +218,7 @@ class RecipePreparer:
     def _fill(self, sources: list[PreparedSource], owned: list[list[tuple[int, int]]], ranks: Ranks) -> list[list[dict] | None]:
         """This rank's shard records per source; None for a source whose cache already holds enough samples
         (it may hold more, for a larger recipe, in shards of other spans: it is left as it is)."""
-        writer = ShardWriter(lambda: self.verifier.model, self.hidden_size, self.settings, self.tokenizer.pad_token_id or 0, ranks.label)
+        writer = ShardWriter(lambda: self.verifier.model, self.contract, self.hidden_size, self.settings, self.tokenizer.pad_token_id or 0, ranks.label)
         records = []
         for source, spans in zip(sources, owned):
             records.append(None if source.complete() else writer.fill(source.samples, source.directory, source.fingerprint, spans))
@@ -250,7 +253,7 @@ class RecipePreparer:
                 "samples": len(source.conversations),
                 "tokens": tokens,
                 "assistant_tokens": in_loss,
-                "new_bytes": source.missing_tokens() * bytes_per_token(self.hidden_size, self.settings.dtype),
+                "new_bytes": source.missing_tokens() * bytes_per_token(self.contract.widths(self.hidden_size).values(), self.settings.dtype),
                 "cache": str(source.directory),
             })
         return rows

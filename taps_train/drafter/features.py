@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import PretrainedConfig
+
+from taps_train.errors import TapsError
 
 FEATURES = "features"  # the drafter's input feature per token
 TARGETS = "targets"  # the verifier's post-norm last state, when it is not the input feature itself
@@ -62,3 +65,12 @@ class FeatureContract:
 
 
 EAGLE_FEATURES = FeatureContract()
+
+
+def check_layers(contract: FeatureContract, verifier_config: PretrainedConfig, verifier: str) -> None:
+    """Every layer the contract names exists in the verifier (hidden_states has num_hidden_layers + 1 entries)."""
+    states = verifier_config.get_text_config(decoder=True).num_hidden_layers + 1
+    outside = [i for i in contract.layers if not -states <= i < states]
+    if outside:
+        raise TapsError(f"the drafter reads verifier hidden states {list(contract.layers)}, but verifier {verifier} has {states} "
+                        f"(indices {-states}..{states - 1}); {outside} do not exist: choose feature layers inside that range")

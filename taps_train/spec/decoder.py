@@ -93,7 +93,7 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> Generation:
         from taps_train.spec.verify import VerifierSession
 
-        session = VerifierSession(self.verifier)
+        session = VerifierSession(self.verifier, tuple(sorted({i for d in self.drafters for i in d.feature_contract().hidden_state_indices})))
         limit = session.max_length
         if limit is not None and len(prompt_ids) + max_new_tokens + self.tree.levels + 1 > limit:
             raise TapsError(
@@ -117,7 +117,7 @@ class SpeculativeDecoder:
             session.commit(acceptance.path)
             new = [int(tree.tokens[n]) for n in acceptance.path[1:]] + [acceptance.bonus]
             for state in states:
-                state.extend(hidden[acceptance.path], torch.tensor(new))
+                state.extend({index: h[acceptance.path] for index, h in hidden.items()}, torch.tensor(new))
             emitted = _until_stop(new, self.eos, max_new_tokens - len(output))
             output += emitted
             rounds.append(_round_stats(tree, acceptance, len(emitted), chosen))

@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from taps_train.drafter import DrafterBackbone, KVCache
+from taps_train.drafter.features import FEATURES
+from taps_train.spec.verify import HiddenStates
 from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes
 
 
@@ -18,8 +20,10 @@ class DrafterState:
         self.root_feature: torch.Tensor | None = None
 
     @torch.no_grad()
-    def extend(self, features: torch.Tensor, next_ids: torch.Tensor) -> None:
-        """Commit positions: true verifier `features` [m, H] and the tokens that followed them [m]."""
+    def extend(self, hidden: HiddenStates, next_ids: torch.Tensor) -> None:
+        """Commit positions: the verifier's hidden states there ([m, H] each; the drafter takes the ones its
+        feature contract names) and the tokens that followed them [m]."""
+        features = self.drafter.feature_contract().extract(hidden)[FEATURES]
         self._truncate()
         m = len(next_ids)
         device = self.drafter.fc.weight.device

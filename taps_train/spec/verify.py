@@ -39,15 +39,22 @@ def layer_windows(config: PretrainedConfig) -> dict[str, int | None]:
     return {layer_type: sizes.pop() for layer_type, sizes in windows.items()}
 
 
-class VerifierSession:
-    """One generation's verifier state: the cache holds exactly the committed tokens between calls."""
+HiddenStates = dict[int, torch.Tensor]  # transformers `hidden_states` index -> [n, H] (float32), only those asked for
 
-    def __init__(self, model: PreTrainedModel):
+
+class VerifierSession:
+    """One generation's verifier state: the cache holds exactly the committed tokens between calls.
+
+    Each call returns the hidden states `hidden_states` names (the union of the drafters' feature
+    contracts); -1 is the post-norm last state."""
+
+    def __init__(self, model: PreTrainedModel, hidden_states: tuple[int, ...] = (-1,)):
         config = model.config.get_text_config(decoder=True)
         if config._attn_implementation not in TREE_MASK_ATTENTION:
             raise TapsError(f"verifier attention {config._attn_implementation!r} cannot apply a tree mask; "
                             f"load the verifier with attn_implementation one of {', '.join(TREE_MASK_ATTENTION)}")
         self.model = model
+        self.hidden_states = list(hidden_states)
         self.windows = layer_windows(config)
         self.cache = DynamicCache()  # no config: full-length layers everywhere, windows live in the masks
         self.length = 0
@@ -71,18 +78,18 @@ class VerifierSession:
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     @torch.no_grad()
-    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the prompt [n] into an empty cache; returns logits [n, V] and post-norm last hidden states [n, H]."""
+    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, HiddenStates]:
+        """Run the prompt [n] into an empty cache; returns logits [n, V] and the hidden states asked for."""
         n = len(ids)
         positions = torch.arange(n)
         mask = self.attention_mask(positions, positions, torch.ones(n, n, dtype=torch.bool).tril())
         out = self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None], attention_mask=mask,
-                         cache=self.cache, use_cache=True, output_hidden_states=True)
+                         cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
         self.length = n
-        return out.logits[0].float(), out.hidden_states[-1][0].float()
+        return out.logits[0].float(), self._states(out)
 
     @torch.no_grad()
-    def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, HiddenStates]:
         """Logits and hidden states of every tree node, one verifier call."""
         n = len(packed.input_ids)
         allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
@@ -93,9 +100,12 @@ class VerifierSession:
             attention_mask=self.attention_mask(packed.position_ids, key_positions, allowed),
             cache=self.cache,
             use_cache=True,
-            output_hidden_states=True,
+            output_hidden_states=self.hidden_states,
         )
-        return out.logits[0].float(), out.hidden_states[-1][0].float()
+        return out.logits[0].float(), self._states(out)
+
+    def _states(self, out) -> HiddenStates:
+        return {index: out.hidden_states[index][0].float() for index in self.hidden_states}
 
     def commit(self, path: list[int]) -> None:
         """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache."""
