@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from taps_train.data.datamodule import DrafterDataModule
 from taps_train.errors import TapsError
 from taps_train.training import Eagle2Module, HassModule
-from taps_train.training.modules import lr_factor
+from taps_train.training.base import lr_factor
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""Drafter training: the EAGLE-2 and HASS LightningModules and their losses."""
+"""LightningModules that train drafters: one per backbone, over the shared `DrafterModule`."""
 
+from taps_train.training.base import DrafterModule
 from taps_train.training.modules import Eagle2Module, HassModule
 
-__all__ = ["Eagle2Module", "HassModule"]
+__all__ = ["DrafterModule", "Eagle2Module", "HassModule"]

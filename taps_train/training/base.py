@@ -1,0 +1,207 @@
+"""`DrafterModule`: what training any drafter backbone against a frozen verifier shares.
+
+The verifier's embedding and LM head (frozen, shared with the drafter), its fingerprint, the features
+of a batch (cached, or computed online as the backbone's feature contract says), AdamW with warmup and
+decay, checkpoints that hold only the trained drafter, and warm starts. A backbone's module builds its
+drafter (`make_drafter`) and says what a batch's loss is (`step_losses`).
+"""
+
+import math
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from transformers import PretrainedConfig
+
+from taps_train.drafter import DrafterBackbone
+from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
+from taps_train.drafter.features import FEATURES
+from taps_train.errors import TapsError
+from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
+from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+class DrafterModule(LightningModule):
+    def __init__(
+        self,
+        verifier: str = "taps-tiny",
+        lr: float = 3e-5,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        min_lr_ratio: float = 0.0,
+        schedule_steps: int | None = None,
+        accuracy_topk: int = 5,
+        init_from: str | None = None,
+        seed: int = 0,
+        verifier_dtype: str = "auto",
+        loss_chunk_size: int | None = 1024,
+    ):
+        """
+        Args:
+            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; embed + head are reused).
+            lr: peak learning rate (AdamW).
+            betas: AdamW betas.
+            weight_decay: AdamW weight decay.
+            warmup_steps: linear warmup steps.
+            schedule: after warmup: cosine, linear (both decay to min_lr_ratio * lr) or constant.
+            min_lr_ratio: final learning rate as a fraction of `lr`.
+            schedule_steps: the step at which warmup + decay end (the rate stays at `min_lr_ratio * lr` after it);
+                None = the run's last step. EAGLE's training script fixes it whatever the run's length.
+            accuracy_topk: k of the logged top-k accuracy.
+            init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
+            seed: seed of the training noise (per step, so resumed runs draw the same noise).
+            verifier_dtype: compute dtype of the full verifier where training runs it (online features, the
+                τ callback), on this module's device: auto (bfloat16 on CUDA, float32 on CPU), bfloat16,
+                float16 or float32. The frozen embedding and LM head follow the trainer's precision instead.
+            loss_chunk_size: positions per chunk of the vocabulary-sized loss terms (bounds their memory at
+                large vocabularies; None = all positions at once). Values and gradients do not depend on it.
+        """
+        super().__init__()
+        if schedule not in SCHEDULES:
+            raise TapsError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
+        if schedule_steps is not None and schedule_steps < 1:
+            raise TapsError(f"schedule_steps must be >= 1 (or null for the run's length), got {schedule_steps}")
+        if verifier_dtype not in COMPUTE_DTYPE_CHOICES:
+            raise TapsError(f"unknown verifier_dtype {verifier_dtype!r}; use one of {', '.join(COMPUTE_DTYPE_CHOICES)}")
+        if loss_chunk_size is not None and loss_chunk_size < 1:
+            raise TapsError(f"loss_chunk_size must be >= 1 (or null for no chunking), got {loss_chunk_size}")
+        self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects every __init__ frame)
+        # Only the config, the tokenizer and two tensors of the verifier: its layers are never built here,
+        # so N ranks do not each hold an 8B model in host RAM before training starts.
+        files = read_verifier_files(verifier)
+        self.verifier_fingerprint = verifier_fingerprint(files.path, files.tokenizer)
+        self.drafter = self.make_drafter(files.config)
+        self.drafter.use_verifier_parts(*files.read_parts())
+        self._verifier: LoadedVerifier | None = None  # the full verifier, loaded on first need (online, τ callback)
+        if init_from:
+            self._warm_start(init_from)
+
+    def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
+        """This module's (untrained) drafter for the verifier."""
+        raise NotImplementedError
+
+    def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of a batch and the terms to log."""
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        if self.trainer is None:
+            return
+        self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
+        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            # Lightning refuses this too, but later (once the engine is set up) and without naming the fix.
+            if self.trainer.gradient_clip_algorithm == "value":
+                raise TapsError("DeepSpeed clips gradients by norm only (its gradient_clipping setting): set "
+                                "trainer.gradient_clip_algorithm: norm, or use strategy: ddp to clip values as EAGLE and HASS do")
+            # Checkpoints hold the trained drafter only (about 2 GB less per checkpoint at Llama-3-8B);
+            # `load_state_dict` puts the frozen parts back on resume.
+            self.trainer.strategy.exclude_frozen_parameters = True
+
+    # --- features -------------------------------------------------------------------------
+
+    def frozen_verifier(self) -> LoadedVerifier:
+        """The full verifier on this module's device in `verifier_dtype`, loaded once per process and
+        shared by online mode and the τ callback (never part of the module's state or checkpoints)."""
+        if self._verifier is None:
+            self._verifier = load_verifier(self.hparams.verifier, str(self.device), self.hparams.verifier_dtype)
+        return self._verifier
+
+    def batch_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The drafter's named per-token tensors (its feature contract): cached, or in online mode computed now
+        by the frozen verifier."""
+        contract = self.drafter.feature_contract()
+        if FEATURES in batch:
+            return {name: batch[name].float() for name in contract.names}
+        with torch.no_grad():
+            model = self.frozen_verifier().model
+            out = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   output_hidden_states=contract.hidden_state_indices)
+            return {name: tensor.float() for name, tensor in contract.extract(out.hidden_states).items()}
+
+    @staticmethod
+    def loss_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T-1] bool: position t (reading x_{t+1}) counts when the token it guesses, x_{t+2}, is an assistant token."""
+        counts = torch.zeros_like(loss_mask[:, 1:])
+        counts[:, :-1] = loss_mask[:, 2:]
+        return counts
+
+    def zero_loss(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Every sample of the batch was truncated before its reply: nothing to learn, keep the step (and the graph)."""
+        zero = self.drafter.fc.weight.sum() * 0.0
+        return zero, {"loss": zero}
+
+    # --- steps -------------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, logs = self.step_losses(batch, train=True)
+        if not torch.isfinite(loss):
+            raise TapsError(
+                f"non-finite training loss ({loss.item()}) at global step {self.global_step}, batch {batch_idx} of epoch "
+                f"{self.current_epoch}; stopping. Earlier checkpoints are kept; lower lr or check the data/cache"
+            )
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, batch_size=batch["input_ids"].shape[0])
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0], logger=False)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        _, logs = self.step_losses(batch, train=False)
+        self.log_dict({f"val/{k}": v for k, v in logs.items()}, batch_size=batch["input_ids"].shape[0], sync_dist=True)
+        self.log("val_loss", logs["loss"], prog_bar=True, batch_size=batch["input_ids"].shape[0], sync_dist=True, logger=False)
+
+    # --- optimization ----------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        return self.configure_optimizers_for(int(self.trainer.estimated_stepping_batches))
+
+    def configure_optimizers_for(self, total_steps: int) -> dict:
+        """AdamW over the trainable drafter weights and the per-step warmup/decay schedule."""
+        h = self.hparams
+        trainable = [p for p in self.drafter.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
+        total = max(1, h.schedule_steps or total_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # DDP and single-device checkpoints: drop the frozen verifier parts here. DeepSpeed ignores this
+        # state_dict and saves its engine's module instead, so `setup` turns on its exclude-frozen option.
+        for name in self.drafter.frozen_parameter_names():
+            checkpoint["state_dict"].pop(f"drafter.{name}", None)
+        checkpoint["taps"] = {"drafter_config": self.drafter.config.to_dict(), "verifier": self.verifier_fingerprint}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._check_compatible(checkpoint, "checkpoint")
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Checkpoints leave out the frozen verifier parts: this module's own stand in for them, so loading
+        stays strict about every trained weight (Lightning and the DeepSpeed engine both load through here)."""
+        frozen = {f"drafter.{name}": self.drafter.get_parameter(name) for name in self.drafter.frozen_parameter_names()}
+        return super().load_state_dict({**frozen, **state_dict}, strict=strict, assign=assign)
+
+    def _check_compatible(self, checkpoint: dict, where: str) -> None:
+        if "taps" not in checkpoint:
+            raise TapsError(f"{where} is not a taps-train drafter checkpoint (no 'taps' section)")
+        check_verifier(checkpoint, self.verifier_fingerprint, where)
+
+    def _warm_start(self, path: str) -> None:
+        checkpoint = read_checkpoint(path)
+        check_verifier(checkpoint, self.verifier_fingerprint, f"warm-start checkpoint {path}")
+        load_drafter_weights(self.drafter, checkpoint, f"warm-start checkpoint {path}")
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup, then cosine / linear decay to `min_ratio`, or constant."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return min_ratio + (1 - min_ratio) * shape
