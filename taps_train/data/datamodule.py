@@ -47,6 +47,9 @@ class CachedSamples(Dataset):
     def lengths(self) -> list[int]:
         return [self.cache.length(p) for p in self.positions]
 
+    def loss_token_counts(self, vocab_size: int) -> torch.Tensor:
+        return sum(_loss_token_counts(*self.cache.tokens(p), vocab_size) for p in self.positions)
+
 
 class TokenSamples(Dataset):
     """Tokens and loss masks only (online mode): features come from the verifier in the training step."""
@@ -63,6 +66,9 @@ class TokenSamples(Dataset):
 
     def lengths(self) -> list[int]:
         return [len(s.input_ids) for s in self.samples]
+
+    def loss_token_counts(self, vocab_size: int) -> torch.Tensor:
+        return sum(_loss_token_counts(torch.tensor(s.input_ids), torch.tensor(s.loss_mask, dtype=torch.bool), vocab_size) for s in self.samples)
 
 
 class DrafterDataModule(LightningDataModule):
@@ -200,9 +206,20 @@ class DrafterDataModule(LightningDataModule):
             return []
         return self._loader(self.val_set, BucketBatchSampler(_lengths(self.val_set), self.batch_size, self.max_tokens, shuffle=False))
 
+    def loss_token_counts(self, vocab_size: int) -> torch.Tensor:
+        """How often each token id occurs in the loss (assistant tokens) of the training set: [vocab_size] int64,
+        what an EAGLE-3 draft vocabulary is chosen from."""
+        if self.train_set is None:
+            raise TapsError("the datamodule has no training set yet (call setup('fit') first)")
+        return sum(part.loss_token_counts(vocab_size) for part in self.train_set.datasets)
+
     def _loader(self, dataset: Dataset, sampler: BucketBatchSampler) -> DataLoader:
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
+
+
+def _loss_token_counts(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(input_ids[loss_mask], minlength=vocab_size)[:vocab_size]
 
 
 def _lengths(dataset: ConcatDataset) -> list[int]:

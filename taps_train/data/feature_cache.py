@@ -298,6 +298,13 @@ class FeatureCache:
                 sample[name] = values.float()
         return sample
 
+    def tokens(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids (int64) and loss_mask (bool) of one sample, without reading its features."""
+        shard, local = self._locate(position)
+        handle, offsets = self._handles(shard)
+        a, b = int(offsets[local]), int(offsets[local + 1])
+        return handle.get_slice("input_ids")[a:b].long(), handle.get_slice("loss_mask")[a:b].bool()
+
     def token_counts(self, samples: int) -> tuple[int, int]:
         """(tokens, tokens in the loss) of the first `samples` positions, from the shards' offsets and loss
         masks; not checksummed (they only feed a report), and no shard is read beyond the mask bytes."""

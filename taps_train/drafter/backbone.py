@@ -70,6 +70,16 @@ class DrafterBackbone(nn.Module, ABC):
         """Training: the drafter run `steps` times over whole sequences, each pass on its own earlier
         predictions as at drafting time; the predicted hidden states [B, T, H] of every pass."""
 
+    @staticmethod
+    def target_lag(step: int) -> int:
+        """How many positions after the first pass's targets the targets of pass `step` (0-based) lie."""
+        return 0
+
+    @classmethod
+    def index_tensors(cls) -> dict[str, torch.dtype]:
+        """Saved tensors that are not weights (token maps), with their dtypes."""
+        return {}
+
     def load_verifier_parts(self, verifier: nn.Module) -> None:
         """Share a loaded verifier's input embedding and LM head."""
         self.use_verifier_parts(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)

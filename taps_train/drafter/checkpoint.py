@@ -61,7 +61,7 @@ def _check_layout(checkpoint: object, path: Path) -> None:
         cls, config, trained = trained_drafter(checkpoint)
     except Exception as err:  # noqa: BLE001 - transformers validates config fields with many error types
         raise refuse(f"'taps.drafter_config' is not a valid drafter config: {first_line(err)}") from err
-    check_tensors(trained, cls.tensor_shapes(config, bias=config.fc_bias, embeddings=False), f"drafter checkpoint {path}")
+    check_tensors(trained, cls.tensor_shapes(config, bias=config.fc_bias, embeddings=False), f"drafter checkpoint {path}", cls.index_tensors())
 
 
 def trained_drafter(checkpoint: dict) -> tuple[type[DrafterBackbone], PretrainedConfig, dict[str, torch.Tensor]]:
@@ -74,9 +74,10 @@ def trained_drafter(checkpoint: dict) -> tuple[type[DrafterBackbone], Pretrained
     return cls, config, {names[key]: value for key, value in checkpoint["state_dict"].items() if names[key] not in cls.frozen_parameter_names()}
 
 
-def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str) -> None:
-    """Exactly the expected keys, each with its shape and finite floating-point values: what decoding, export
-    and averaging rely on."""
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str,
+                  index_tensors: dict[str, torch.dtype] | None = None) -> None:
+    """Exactly the expected keys, each with its shape; finite floating-point weights, and `index_tensors` (token
+    maps) in their dtype: what decoding, export and averaging rely on."""
     missing = [key for key in expected if key not in tensors]
     if missing:
         raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
@@ -88,6 +89,10 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[in
         tensor = tensors[key]
         if tuple(tensor.shape) != shape:
             raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
+        if key in (index_tensors or {}):
+            if tensor.dtype != index_tensors[key]:
+                raise TapsError(f"{where}: {key} is {tensor.dtype}, expected {index_tensors[key]}; it does not hold a drafter's token map")
+            continue
         if not tensor.is_floating_point():
             raise TapsError(f"{where}: {key} is {tensor.dtype}, not floating point; it does not hold a drafter's weights")
         if not torch.isfinite(tensor).all():

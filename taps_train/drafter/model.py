@@ -53,14 +53,15 @@ class KVCache:
 
 
 class DrafterAttention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, input_size: int | None = None):
         super().__init__()
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        width = input_size or config.hidden_size
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=False)
 
     def project(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,9 +150,8 @@ class Drafter(DrafterBackbone):
         a loaded verifier shares its memory, and one built from files holds one copy in the file's dtype.
         """
         expected = (self.config.vocab_size, self.config.hidden_size)
-        for name, tensor in (("embedding", embedding), ("LM head", lm_head)):
-            if tuple(tensor.shape) != expected:
-                raise TapsError(f"verifier {name} has shape {tuple(tensor.shape)}, the drafter config needs {expected}")
+        verifier_sized(embedding, expected, "embedding")
+        verifier_sized(lm_head, expected, "LM head")
         self.embed_tokens.weight = nn.Parameter(embedding.detach(), requires_grad=False)
         tied = lm_head is embedding  # one parameter, so a cast keeps one copy
         self.lm_head.weight = self.embed_tokens.weight if tied else nn.Parameter(lm_head.detach(), requires_grad=False)
@@ -234,3 +234,9 @@ def alignment_mask(length: int, step: int, device: torch.device | None = None) -
         else:
             blocks.append(distance == step - m)
     return torch.cat(blocks, dim=1)
+
+
+def verifier_sized(tensor: torch.Tensor, expected: tuple[int, int], name: str) -> None:
+    """A verifier part of the shape the drafter config was derived for."""
+    if tuple(tensor.shape) != expected:
+        raise TapsError(f"verifier {name} has shape {tuple(tensor.shape)}, the drafter config needs {expected}")

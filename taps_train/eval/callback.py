@@ -107,6 +107,8 @@ def _decoding_drafter(drafter: DrafterBackbone, verifier: torch.nn.Module) -> Dr
     trained = {name: p for name, p in drafter.named_parameters() if p.requires_grad}
     with deepspeed.zero.GatheredParameters(list(trained.values())):
         weights = {f"drafter.{name}": p.detach().float().clone() for name, p in trained.items()}
+    saved = drafter.state_dict().keys()  # token maps and other saved buffers are never partitioned
+    weights.update({f"drafter.{name}": b.clone() for name, b in drafter.named_buffers() if name in saved})
     checkpoint = {"taps": {"drafter_config": drafter.config.to_dict()}, "state_dict": weights}
     return drafter_from_checkpoint(checkpoint, verifier, "the ZeRO-3 drafter being trained")
 

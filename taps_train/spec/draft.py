@@ -65,7 +65,8 @@ class DrafterState:
             columns["depths"].append(torch.full((count,), level, device=device))
             columns["probs"].append(top_p.flatten())
             columns["confidence"].append(candidate_conf)
-            columns["entropy"].append((-(p * log_p).sum(-1)).repeat_interleave(config.top_k))
+            # Tokens outside a reduced draft vocabulary have p = 0 (log p = -inf) and add nothing.
+            columns["entropy"].append((-torch.where(p > 0, p * log_p, 0.0).sum(-1)).repeat_interleave(config.top_k))
             parents_so_far = torch.cat([parents_so_far, columns["parents"][-1]])
             if level == config.levels:
                 break

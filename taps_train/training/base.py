@@ -35,9 +35,7 @@ class DrafterModule(LightningModule):
         schedule: str = "constant",
         min_lr_ratio: float = 0.0,
         schedule_steps: int | None = None,
-        accuracy_topk: int = 5,
         init_from: str | None = None,
-        seed: int = 0,
         verifier_dtype: str = "auto",
         loss_chunk_size: int | None = 1024,
     ):
@@ -52,9 +50,7 @@ class DrafterModule(LightningModule):
             min_lr_ratio: final learning rate as a fraction of `lr`.
             schedule_steps: the step at which warmup + decay end (the rate stays at `min_lr_ratio * lr` after it);
                 None = the run's last step. EAGLE's training script fixes it whatever the run's length.
-            accuracy_topk: k of the logged top-k accuracy.
             init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
-            seed: seed of the training noise (per step, so resumed runs draw the same noise).
             verifier_dtype: compute dtype of the full verifier where training runs it (online features, the
                 τ callback), on this module's device: auto (bfloat16 on CUDA, float32 on CPU), bfloat16,
                 float16 or float32. The frozen embedding and LM head follow the trainer's precision instead.
@@ -93,6 +89,11 @@ class DrafterModule(LightningModule):
         if self.trainer is None:
             return
         self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
+        data_contract = getattr(self.trainer.datamodule, "contract", None)
+        if data_contract is not None and data_contract != self.drafter.feature_contract():
+            raise TapsError(f"the datamodule provides verifier hidden states {list(data_contract.layers)} but the drafter reads "
+                            f"{list(self.drafter.feature_contract().layers)}; set the datamodule's feature_layers to the drafter's "
+                            "(`taps-train fit` links them)")
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
             # Lightning refuses this too, but later (once the engine is set up) and without naming the fix.
             if self.trainer.gradient_clip_algorithm == "value":

@@ -37,6 +37,8 @@ class Eagle2Module(DrafterModule):
         align_reduction: str = "mean",
         feature_noise: float = 0.2,
         noise_scaling: str = "constant",
+        accuracy_topk: int = 5,
+        seed: int = 0,
         **kwargs,
     ):
         """
@@ -54,6 +56,8 @@ class Eagle2Module(DrafterModule):
             feature_noise: width of the uniform noise added to input features in training.
             noise_scaling: constant (width `feature_noise`) or length: `feature_noise * 512 / T` per sample, T its
                 token count, as EAGLE's and HASS's training scripts draw it (wider noise on shorter samples).
+            accuracy_topk: k of the logged top-k accuracy.
+            seed: seed of the feature noise (per step, so resumed runs draw the same noise).
         """
         if align_steps < 1:
             raise TapsError(f"align_steps must be >= 1, got {align_steps}")

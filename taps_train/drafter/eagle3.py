@@ -1,0 +1,211 @@
+"""The EAGLE-3 drafter: fused low/mid/high verifier features, its own hidden state fed forward, a
+reduced draft vocabulary.
+
+    g_t = fc(concat(h_low, h_mid, h_high))                     at committed positions (3H -> H)
+    x   = concat(input_layernorm(embed(x_{t+1})), hidden_norm(g))    (2H: the layer's q/k/v input)
+    out = g + attn(x);  out = out + mlp(post_attention_layernorm(out))
+    logits over the draft vocabulary = lm_head(norm(out)); `out` (pre-norm) is the next step's g
+
+Inside a draft the drafter reads its own `out` instead of verifier features (no fc). `lm_head` is
+trained and covers `draft_vocab_size` tokens; `d2t[i]` is the offset from draft id i to its verifier
+id (verifier id = i + d2t[i]) and `t2d` marks the verifier ids in the draft vocabulary, as EAGLE-3
+checkpoints store them. Logits come out in the verifier's vocabulary, -inf outside the draft one.
+Parameter names follow the EAGLE-3 checkpoint layout (`midlayer.*`, `fc`, `norm`, `lm_head`).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from taps_train.drafter.backbone import DrafterBackbone, register
+from taps_train.drafter.config import drafter_config
+from taps_train.drafter.features import FeatureContract
+from taps_train.drafter.model import DrafterAttention, KVCache, verifier_sized
+from taps_train.errors import TapsError
+
+TTT_STEPS = 7
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low/mid/high verifier states: the inputs of decoder layers 2, L/2 and L-3 (`hidden_states`
+    indices). A verifier of fewer than 6 layers has no such three; it gets the inputs of layers 1, L/2 and L-1,
+    which serving engines can capture too (never the embeddings or the post-norm output)."""
+    if num_layers >= 6:
+        return (2, num_layers // 2, num_layers - 3)
+    return (min(1, num_layers - 1), num_layers // 2, max(num_layers - 1, 0))
+
+
+def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
+    """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary and the fused layers."""
+    text = verifier_config.get_text_config(decoder=True)
+    if not 1 <= draft_vocab_size:
+        raise TapsError(f"draft_vocab_size must be >= 1, got {draft_vocab_size}")
+    config = drafter_config(verifier_config)
+    config.architectures = [Eagle3Drafter.architecture]
+    config.draft_vocab_size = min(draft_vocab_size, text.vocab_size)
+    config.target_hidden_size = text.hidden_size
+    layers = tuple(feature_layers) if feature_layers else default_feature_layers(text.num_hidden_layers)
+    config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(layers)}
+    return config
+
+
+class Eagle3Layer(nn.Module):
+    """A Llama decoder layer whose attention reads the token embedding and the hidden state side by side."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DrafterAttention(config, input_size=2 * config.hidden_size)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+
+@register("LlamaForCausalLMEagle3")
+class Eagle3Drafter(DrafterBackbone):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        self.embed_tokens = nn.Embedding(vocab, hidden, device="meta")  # the verifier's, with `use_verifier_parts`
+        self.fc = nn.Linear(len(self.feature_layers) * config.target_hidden_size, hidden, bias=False)
+        self.midlayer = Eagle3Layer(config)
+        self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        # The identity map until `set_draft_vocabulary` (a full draft vocabulary needs no other).
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(vocab) < draft_vocab)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+
+    @classmethod
+    def config_for(cls, verifier_config: PretrainedConfig, draft_vocab_size: int = 32000,
+                   feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
+        return eagle3_config(verifier_config, draft_vocab_size, feature_layers)
+
+    @classmethod
+    def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
+        hidden, inner = config.hidden_size, config.intermediate_size
+        q_width = config.num_attention_heads * config.head_dim
+        kv_width = config.num_key_value_heads * config.head_dim
+        layers = len(config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+        shapes = {
+            "fc.weight": (hidden, layers * config.target_hidden_size),
+            "midlayer.input_layernorm.weight": (hidden,),
+            "midlayer.hidden_norm.weight": (hidden,),
+            "midlayer.self_attn.q_proj.weight": (q_width, 2 * hidden),
+            "midlayer.self_attn.k_proj.weight": (kv_width, 2 * hidden),
+            "midlayer.self_attn.v_proj.weight": (kv_width, 2 * hidden),
+            "midlayer.self_attn.o_proj.weight": (hidden, q_width),
+            "midlayer.post_attention_layernorm.weight": (hidden,),
+            "midlayer.mlp.gate_proj.weight": (inner, hidden),
+            "midlayer.mlp.up_proj.weight": (inner, hidden),
+            "midlayer.mlp.down_proj.weight": (hidden, inner),
+            "norm.weight": (hidden,),
+            "lm_head.weight": (config.draft_vocab_size, hidden),
+        }
+        if embeddings:
+            shapes["embed_tokens.weight"] = (config.vocab_size, hidden)
+        return {**shapes, "d2t": (config.draft_vocab_size,), "t2d": (config.vocab_size,)}
+
+    def feature_contract(self) -> FeatureContract:
+        return FeatureContract(self.feature_layers)
+
+    @classmethod
+    def frozen_parameter_names(cls) -> list[str]:
+        return ["embed_tokens.weight"]
+
+    def use_verifier_parts(self, embedding: torch.Tensor, lm_head: torch.Tensor) -> None:
+        """The verifier's embedding, frozen; its LM head gives the training targets, not this drafter's logits."""
+        verifier_sized(embedding, (self.config.vocab_size, self.config.hidden_size), "embedding")
+        self.embed_tokens.weight = nn.Parameter(embedding.detach(), requires_grad=False)
+        self.register_buffer("verifier_head", lm_head.detach(), persistent=False)  # moves with the module, never saved
+
+    def cast_verifier_parts(self, dtype: torch.dtype) -> None:
+        if self.embed_tokens.weight.dtype != dtype:
+            self.embed_tokens.weight = nn.Parameter(self.embed_tokens.weight.detach().to(dtype), requires_grad=False)
+
+    def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Use the verifier ids `token_ids` (distinct, `draft_vocab_size` of them) as the draft vocabulary, in
+        ascending order as EAGLE-3 checkpoints list them."""
+        ids = token_ids.unique().sort().values.to(self.d2t.device)
+        if len(ids) != self.config.draft_vocab_size or len(token_ids) != len(ids):
+            raise TapsError(f"a draft vocabulary needs {self.config.draft_vocab_size} distinct token ids, got {len(token_ids)}")
+        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        """The verifier id of each draft id."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The hidden state a step reads: fc over fused verifier features, or (inside a draft) its own."""
+        dtype = self.fc.weight.dtype
+        return self.fc(features.to(dtype)) if features.shape[-1] == self.fc.in_features else features.to(dtype)
+
+    def _step(self, next_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+              keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """One pass of the layer; its keys/values are appended to `keys`/`values`, which it attends over."""
+        layer = self.midlayer
+        embedded = self.embed_tokens(next_ids).to(hidden.dtype)
+        x = torch.cat([layer.input_layernorm(embedded), layer.hidden_norm(hidden)], dim=-1)
+        q, k, v = layer.self_attn.project(x, self.rotary_emb(hidden, position_ids))
+        keys.append(k)
+        values.append(v)
+        out = hidden + layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+        return out + layer.mlp(layer.post_attention_layernorm(out))
+
+    def forward(self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+                cache: KVCache | None = None) -> torch.Tensor:
+        hidden = self.fuse(features)
+        keys, values = ([cache.keys], [cache.values]) if cache is not None and len(cache) else ([], [])
+        out = self._step(next_ids, hidden, position_ids, mask, keys, values)
+        if cache is not None:
+            cache.append(keys[-1], values[-1])
+        return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        draft = F.linear(self.norm(hidden.to(self.lm_head.weight.dtype)), self.lm_head.weight)
+        full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.draft_token_ids, draft)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary only (training)."""
+        return F.linear(self.norm(hidden), self.lm_head.weight)
+
+    def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test: pass k (0-based) reads at index t the token x_{t+k+1} at position t+k and, for k > 0,
+        its own output of pass k-1 at index t, attending to the committed context (pass 0's keys at indices <= t)
+        and to its own earlier passes at index t: exactly what drafting k levels deep below x_{t+1} sees. Pass k's
+        index t guesses x_{t+k+2}, so its targets lie k positions later (`target_lag`)."""
+        batch, length = next_ids.shape
+        positions = torch.arange(length, device=next_ids.device)[None].expand(batch, -1)
+        hidden, keys, values, outputs = self.fuse(features), [], [], []
+        for step in range(steps):
+            ids = F.pad(next_ids[:, step:], (0, step))  # x_{t+k+1}; past the end: padding no target reads
+            hidden = self._step(ids, hidden, positions + step, ttt_mask(length, step, next_ids.device), keys, values)
+            outputs.append(hidden)
+        return outputs
+
+    @staticmethod
+    def target_lag(step: int) -> int:
+        return step
+
+    @classmethod
+    def index_tensors(cls) -> dict[str, torch.dtype]:
+        return {"d2t": torch.long, "t2d": torch.bool}
+
+
+def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """bool [T, (step+1) T]: pass `step` at index t attends to pass 0's keys at indices <= t (causal) and to
+    pass m's key at index t for 1 <= m <= step (its drafted ancestors and itself)."""
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return torch.cat([causal] + [eye] * step, dim=1)

@@ -1,0 +1,98 @@
+"""`Eagle3Module`: train an EAGLE-3 drafter against a frozen verifier.
+
+Training-time test: the drafter is unrolled `ttt_steps` times on its own hidden states
+(`Eagle3Drafter.unroll`); pass k at position t guesses x_{t+k+2}. Its loss is the cross-entropy
+against the verifier's distribution at that position restricted to the draft vocabulary (softmax of
+the verifier's logits over the draft tokens), over positions whose guessed token is an assistant
+token and whose verifier top-1 lies in the draft vocabulary; passes are weighted 0.8^k as in EAGLE-3.
+There is no feature-regression term. The draft vocabulary (the `draft_vocab_size` most frequent
+assistant tokens of the training set) is chosen when training starts, unless warm-started.
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import PretrainedConfig
+
+from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
+from taps_train.drafter.eagle3 import TTT_STEPS
+from taps_train.drafter.features import FEATURES
+from taps_train.errors import TapsError
+from taps_train.training.base import DrafterModule
+
+
+class Eagle3Module(DrafterModule):
+    def __init__(
+        self,
+        verifier: str = "taps-tiny",
+        draft_vocab_size: int = 32000,
+        feature_layers: tuple[int, ...] | None = None,
+        ttt_steps: int = TTT_STEPS,
+        step_weight_decay: float = 0.8,
+        **kwargs,
+    ):
+        """
+        Args:
+            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; its embedding is reused).
+            draft_vocab_size: size of the drafter's own output vocabulary (capped at the verifier's).
+            feature_layers: the three verifier `hidden_states` fused by fc (None: EAGLE-3's 2, L/2, L-3).
+            ttt_steps: training-time-test passes per batch.
+            step_weight_decay: pass k's loss weight is step_weight_decay ** k.
+        """
+        if ttt_steps < 1:
+            raise TapsError(f"ttt_steps must be >= 1, got {ttt_steps}")
+        if not 0 < step_weight_decay <= 1:
+            raise TapsError(f"step_weight_decay must be in (0, 1], got {step_weight_decay}")
+        super().__init__(verifier=verifier, **kwargs)
+
+    def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
+        h = self.hparams
+        return build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, h.feature_layers))
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit" and not self.hparams.init_from:  # a resumed run then loads its own vocabulary over this one
+            self.choose_draft_vocabulary(self.trainer.datamodule.loss_token_counts(self.drafter.config.vocab_size))
+
+    def choose_draft_vocabulary(self, counts: torch.Tensor) -> None:
+        """The `draft_vocab_size` most frequent tokens of `counts` (ties: lower id first)."""
+        size = self.drafter.config.draft_vocab_size
+        order = torch.sort(-counts[: self.drafter.config.vocab_size], stable=True).indices
+        self.drafter.set_draft_vocabulary(order[:size])
+
+    def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        tensors = self.batch_features(batch)
+        next_ids = batch["input_ids"][:, 1:]
+        targets = self.drafter.feature_contract().targets(tensors)[:, 1:]  # index t: the verifier's state guessing x_{t+2}
+        counts = self.loss_positions(batch["loss_mask"])
+        if not counts.any():
+            return self.zero_loss()
+        length = next_ids.shape[1]
+        total, logs = 0.0, {}
+        for step, predicted in enumerate(self.drafter.unroll(next_ids, tensors[FEATURES][:, :-1], self.hparams.ttt_steps)):
+            lag = self.drafter.target_lag(step)
+            where = counts[:, lag:]
+            if not where.any():
+                break  # every later pass guesses past the end of every sample
+            loss, accuracy = self._loss(predicted[:, : length - lag][where], targets[:, lag:][where])
+            total = total + self.hparams.step_weight_decay ** step * loss
+            logs.update({f"loss_step{step}": loss.detach(), f"acc_step{step}": accuracy})
+        logs["loss"] = total
+        return total, logs
+
+    def _loss(self, predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Soft cross-entropy against the verifier's distribution over the draft vocabulary, and the top-1 agreement,
+        over positions whose verifier top-1 is a draft token; computed in chunks of positions."""
+        drafter, chunk = self.drafter, self.hparams.loss_chunk_size or len(target)
+        draft_ids = drafter.draft_token_ids
+        losses, hits, kept = [], 0, 0
+        for start in range(0, len(target), chunk):
+            with torch.no_grad():
+                verifier_logits = F.linear(target[start:start + chunk].to(drafter.verifier_head.dtype), drafter.verifier_head).float()
+                keep = drafter.t2d[verifier_logits.argmax(-1)]
+                probabilities = verifier_logits[keep][:, draft_ids].softmax(-1)
+            log_q = drafter.draft_logits(predicted[start:start + chunk][keep]).float().log_softmax(-1)
+            losses.append(-(probabilities * log_q).sum())
+            hits += int((log_q.argmax(-1) == probabilities.argmax(-1)).sum())
+            kept += int(keep.sum())
+        loss = torch.stack(losses).sum() / max(kept, 1)
+        return loss, torch.tensor(hits / max(kept, 1))
