@@ -9,20 +9,23 @@ from jsonargparse import ArgumentParser
 
 from taps_train.cli import main
 from taps_train.data.datamodule import DrafterDataModule
-from taps_train.training import Eagle2Module, HassModule
+from taps_train.training import Eagle2Module, Eagle3Module, HassModule
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
 # configs/sweeps/ holds W&B sweep definitions, not LightningCLI configs (tests/test_sweeps.py checks them).
 OVERRIDES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p not in FULL_CONFIGS and p.parent.name != "sweeps")
-MODULES = {"taps_train.training.HassModule": HassModule, "taps_train.training.Eagle2Module": Eagle2Module}
+MODULES = {"taps_train.training.HassModule": HassModule, "taps_train.training.Eagle2Module": Eagle2Module,
+           "taps_train.training.Eagle3Module": Eagle3Module}
 
 
 def test_configs_exist():
     names = {p.relative_to(ROOT / "configs").as_posix() for p in FULL_CONFIGS}
     assert "hass_mixed_35k.yaml" in names and "tiny/hass_mixed.yaml" in names and "tiny/eagle2_mixed.yaml" in names
-    # 16 paper-scale (4 recipes x EAGLE-2, HASS, HASS stage 1, HASS stage 2) + 8 tiny (one of them logging to W&B)
-    assert len(names) == 24
+    assert {"eagle3_mixed_35k.yaml", "tiny/eagle3_math.yaml", "tiny/eagle3_chat.yaml", "tiny/eagle3_mixed.yaml"} <= names
+    # 17 paper-scale (4 recipes x EAGLE-2, HASS, HASS stage 1, HASS stage 2; EAGLE-3 on mixed_35k) + 11 tiny
+    # (EAGLE-2, HASS and EAGLE-3 x math, chat, mixed; a larger mixed HASS; one logging to W&B)
+    assert len(names) == 28
 
 
 def print_config(capsys, *configs: Path) -> dict:
@@ -54,6 +57,7 @@ def test_config_model_and_data_instantiate(config, random_verifier_dir):
     raw = yaml.safe_load(config.read_text())
     model_args = {**raw["model"].get("init_args", {}), "verifier": str(random_verifier_dir)}
     model_args.pop("init_from", None)  # HASS stage 2 warm-starts from a stage-1 run that does not exist here
+    model_args.pop("feature_layers", None)  # Llama-3-8B's layers; the random verifier has two
     module = MODULES[raw["model"]["class_path"]](**model_args)
     assert module.drafter.config.hidden_size == 32
     data_args = {**raw["data"]["init_args"], "verifier": str(random_verifier_dir)}
@@ -97,3 +101,8 @@ def test_jsonargparse_sees_every_module_argument():
     parser.add_class_arguments(HassModule, "model")
     keys = {action.dest for action in parser._actions}
     assert {"model.align_steps", "model.topk_weight", "model.lr", "model.verifier", "model.init_from"} <= keys
+    parser = ArgumentParser()
+    parser.add_class_arguments(Eagle3Module, "model")
+    keys = {action.dest for action in parser._actions}
+    assert {"model.draft_vocab_size", "model.ttt_steps", "model.feature_layers", "model.lr", "model.verifier"} <= keys
+    assert not keys & {"model.align_steps", "model.feature_weight", "model.seed"}  # EAGLE-2 options are not EAGLE-3's

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
 from taps_train.drafter.eagle3 import TTT_STEPS
-from taps_train.drafter.features import FEATURES
+from taps_train.drafter.features import FEATURES, check_layers
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
 
@@ -46,7 +46,9 @@ class Eagle3Module(DrafterModule):
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
         h = self.hparams
-        return build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, h.feature_layers))
+        drafter = build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, h.feature_layers))
+        check_layers(drafter.feature_contract(), verifier_config, h.verifier)
+        return drafter
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
