@@ -79,7 +79,7 @@ def run_lightning(args: list[str] | None, command: str) -> None:
             # One verifier per run: the datamodule caches the features of the verifier the drafter serves.
             parser.link_arguments("model.init_args.verifier", "data.init_args.verifier")
             # ... and the hidden states its backbone reads (the feature contract).
-            parser.link_arguments("model", "data.init_args.feature_layers", compute_fn=feature_layers, apply_on="instantiate")
+            parser.link_arguments("model", "data.init_args.verifier_states", compute_fn=verifier_states, apply_on="instantiate")
 
         def parse_arguments(self, parser, args) -> None:
             super().parse_arguments(parser, args)
@@ -110,7 +110,7 @@ def run_lightning(args: list[str] | None, command: str) -> None:
         raise cause from None
 
 
-def feature_layers(module) -> tuple[int, ...]:
+def verifier_states(module) -> tuple[int, ...]:
     """The verifier hidden states a training module's drafter reads."""
     return module.drafter.feature_contract().layers
 

@@ -106,7 +106,7 @@ def test_sampled_output_matches_the_verifier_distribution(strategy):
 
 def test_module_trains_chooses_its_vocabulary_and_its_checkpoint_decodes(recipe, random_verifier_dir, tmp_path):  # noqa: F811
     module = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64, ttt_steps=3, lr=3e-3)
-    dm = data(recipe, random_verifier_dir, feature_layers=module.drafter.feature_contract().layers)
+    dm = data(recipe, random_verifier_dir, verifier_states=module.drafter.feature_contract().layers)
     dm.prepare_data()
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))

@@ -86,7 +86,7 @@ class DrafterDataModule(LightningDataModule):
         val_samples_per_source: int | None = None,
         num_workers: int = 0,
         seed: int = 0,
-        feature_layers: tuple[int, ...] = (LAST,),
+        verifier_states: tuple[int, ...] = (LAST,),
     ):
         """
         Args:
@@ -104,7 +104,7 @@ class DrafterDataModule(LightningDataModule):
             val_samples_per_source: validate on at most this many held-out samples per source (None: all).
             num_workers: DataLoader worker processes.
             seed: shuffling seed (per epoch: seed + epoch).
-            feature_layers: the verifier hidden states the drafter reads (its feature contract; -1 = the post-norm
+            verifier_states: the verifier hidden states the drafter reads (its feature contract; -1 = the post-norm
                 last state). `taps-train fit` sets it from the model's drafter backbone.
         """
         super().__init__()
@@ -113,7 +113,7 @@ class DrafterDataModule(LightningDataModule):
         self.recipe = load_recipe(recipe)
         self.verifier = verifier
         self.settings = CacheSettings(dtype=feature_dtype)
-        self.contract = FeatureContract(tuple(feature_layers))
+        self.contract = FeatureContract(tuple(verifier_states))
         resolve_placement(verifier_device, verifier_dtype)  # refuse a bad device/dtype now, not after the data is read
         self.verifier_device = verifier_device
         self.verifier_dtype = verifier_dtype

@@ -92,7 +92,7 @@ class DrafterModule(LightningModule):
         data_contract = getattr(self.trainer.datamodule, "contract", None)
         if data_contract is not None and data_contract != self.drafter.feature_contract():
             raise TapsError(f"the datamodule provides verifier hidden states {list(data_contract.layers)} but the drafter reads "
-                            f"{list(self.drafter.feature_contract().layers)}; set the datamodule's feature_layers to the drafter's "
+                            f"{list(self.drafter.feature_contract().layers)}; set the datamodule's verifier_states to the drafter's "
                             "(`taps-train fit` links them)")
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
             # Lightning refuses this too, but later (once the engine is set up) and without naming the fix.
