@@ -54,7 +54,7 @@ from transformers import LlamaConfig, PretrainedConfig
 import taps_train
 from taps_train.backbones import backbone_name
 from taps_train.drafter.checkpoint import check_tensors, check_verifier, read_checkpoint, trained_drafter
-from taps_train.drafter import Drafter, backbone_class, build_drafter, drafter_config
+from taps_train.drafter import Drafter, DrafterBackbone, Eagle3Drafter, backbone_class, build_drafter, drafter_config
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
 from taps_train.spec.strategies import STRATEGIES
@@ -62,7 +62,17 @@ from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_files
 
-LAYOUTS = {"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}
+LAYOUTS = ("eagle", "vllm")
+# The architecture name each engine loads a backbone's draft under, per layout.
+SERVING_ARCHITECTURES = {
+    (Drafter.architecture, "eagle"): "LlamaForCausalLMEagle",
+    (Drafter.architecture, "vllm"): "LlamaForCausalLM",  # vLLM prefixes it: EagleLlamaForCausalLM
+    (Eagle3Drafter.architecture, "eagle"): "LlamaForCausalLMEagle3",
+    (Eagle3Drafter.architecture, "vllm"): "LlamaForCausalLM",  # vLLM's method "eagle3" makes it Eagle3LlamaForCausalLM
+}
+# EAGLE-3 fused-layer ids as engines read them: SGLang takes decoder-layer *outputs* (and adds one), vLLM the
+# inputs of decoder layers, which are taps-train's `hidden_states` indices.
+LAYER_ID_OFFSET = {"eagle": -1, "vllm": 0}
 EXPORT_FORMAT_VERSION = 1
 DEFAULT_TREE = TreeConfig()  # the paper's: 60 tokens, depth 5, top-k 10
 BUNDLE_STRATEGIES = sorted(name for name in STRATEGIES if name != "single")
@@ -138,11 +148,11 @@ def export_bundle(
     return out_dir
 
 
-def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
+def load_exported(directory: str | Path, verifier_model: nn.Module) -> DrafterBackbone:
     """A taps-train drafter (float32, eval mode) from an export directory, for evaluation.
 
-    Reads taps-train exports and EAGLE-1/2 Llama drafts from elsewhere; the LM head (and the
-    embedding, when the directory has none) comes from `verifier_model`.
+    Reads taps-train exports and EAGLE-1/2/3 Llama drafts from elsewhere in either layout; the LM head
+    (EAGLE-1/2) and the embedding (when the directory has none) come from `verifier_model`.
     """
     directory = Path(directory)
     try:
@@ -151,6 +161,14 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
     except (OSError, ValueError, SafetensorError) as err:
         raise TapsError(f"{directory} is not a readable EAGLE export (config.json + model.safetensors): {err}") from err
     where = f"export {directory}"
+    if "draft_vocab_size" in config_dict:
+        drafter = _eagle3_from_export(config_dict, tensors, verifier_model, where)
+    else:
+        drafter = _eagle_from_export(config_dict, tensors, verifier_model, where)
+    return drafter.eval()
+
+
+def _eagle_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> Drafter:
     has_bias = "fc.bias" in tensors
     config = LlamaConfig.from_dict({**config_dict, "architectures": [Drafter.architecture]})  # the eagle or the vllm name
     config.fc_bias = bool(config_dict.get("fc_bias", has_bias))
@@ -159,6 +177,28 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
         if tensors["fc.bias"].any():
             raise TapsError(f"{where}: config.json says fc_bias false but fc.bias is not zero; fix config.json")
         del tensors["fc.bias"]
+    return _with_verifier_parts(config, tensors, verifier_model, where)
+
+
+def _eagle3_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> Eagle3Drafter:
+    """SGLang's layout names the architecture LlamaForCausalLMEagle3 and fused layers by decoder-layer output;
+    vLLM's the inputs of decoder layers. `t2d`, which SGLang never reads, is rebuilt from `d2t` when absent."""
+    layout = "eagle" if config_dict.get("architectures") == [SERVING_ARCHITECTURES[Eagle3Drafter.architecture, "eagle"]] else "vllm"
+    try:
+        layers = [int(i) - LAYER_ID_OFFSET[layout] for i in config_dict["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise TapsError(f"{where}: config.json lacks eagle_config.eagle_aux_hidden_state_layer_ids; it is not an EAGLE-3 draft") from err
+    config = LlamaConfig.from_dict({**config_dict, "architectures": [Eagle3Drafter.architecture], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
+    config.target_hidden_size = getattr(config, "target_hidden_size", None) or config.hidden_size
+    if "t2d" not in tensors and "d2t" in tensors:
+        tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill(0, torch.arange(len(tensors["d2t"])) + tensors["d2t"], True)
+    check_tensors(tensors, Eagle3Drafter.tensor_shapes(config, bias=False, embeddings="embed_tokens.weight" in tensors), where,
+                  Eagle3Drafter.index_tensors())
+    return _with_verifier_parts(config, tensors, verifier_model, where)
+
+
+def _with_verifier_parts(config: LlamaConfig, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> DrafterBackbone:
+    """The drafter of `config` with the verifier's parts and the export's tensors (an exported embedding must be the verifier's)."""
     check_fits_verifier(config, verifier_model.config, where, "the given verifier")
     drafter = build_drafter(config)
     drafter.load_verifier_parts(verifier_model)
@@ -167,7 +207,7 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> Drafter:
     if embed is not None and not torch.allclose(embed.float(), drafter.embed_tokens.weight.float(), rtol=1e-2, atol=1e-3):
         raise TapsError(f"{where}: embed_tokens.weight differs from this verifier's embedding; it was exported for another verifier")
     drafter.load_state_dict(tensors, strict=False)
-    return drafter.eval()
+    return drafter
 
 
 def tau_table_from_reports(paths: list[str | Path]) -> list[dict]:
@@ -242,17 +282,21 @@ def check_fits_verifier(config: LlamaConfig, verifier_config: PretrainedConfig, 
 def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | None, layout: str, dtype: str,
                    include_embeddings: bool, tau_table: list[dict] | None) -> None:
     torch_dtype = DTYPES[dtype]
-    tensors = {key: value.detach().to(torch_dtype).contiguous() for key, value in source.weights.items()}
-    if layout == "eagle" and "fc.bias" not in tensors:
+    index_tensors = backbone_class(source.config).index_tensors()  # token maps keep their dtype
+    tensors = {key: value.detach().to(value.dtype if key in index_tensors else torch_dtype).contiguous() for key, value in source.weights.items()}
+    if _is_eagle3(source.config):
+        _check_exportable_layers(source, verifier)
+    elif layout == "eagle" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(source.config.hidden_size, dtype=torch_dtype)
-    if layout == "vllm" and source.config.fc_bias:
+    if layout == "vllm" and source.config.fc_bias and not _is_eagle3(source.config):
         warnings.warn(f"{source.where} has an fc bias (HASS-style); vLLM's EAGLE-1 Llama draft builds fc without one and "
                       "ignores fc.bias, so its drafts would differ from taps-train's; serve it with SGLang (--format eagle) "
                       "or check that your vLLM version loads fc.bias", stacklevel=3)
     if include_embeddings:
         embedding, _ = verifier.read_parts()  # the head stays unread on disk
         tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
-    check_tensors(tensors, backbone_class(source.config).tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where)
+    check_tensors(tensors, backbone_class(source.config).tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings),
+                  source.where, index_tensors)
     _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     _write_json(directory / "taps_export.json", _provenance(source, layout, dtype, include_embeddings, verifier, tau_table))
@@ -264,7 +308,7 @@ def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> 
     rope = dict(result["rope_parameters"])
     theta = rope.pop("rope_theta")
     result.update(
-        architectures=[LAYOUTS[layout]],
+        architectures=[SERVING_ARCHITECTURES[config.architectures[0], layout]],
         model_type="llama",
         num_hidden_layers=1,
         tie_word_embeddings=False,
@@ -276,7 +320,25 @@ def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> 
         dtype=dtype,
         torch_dtype=dtype,
     )
+    if _is_eagle3(config):
+        layers = [i + LAYER_ID_OFFSET[layout] for i in config.eagle_config["eagle_aux_hidden_state_layer_ids"]]
+        result["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}
     return result
+
+
+def _is_eagle3(config: PretrainedConfig) -> bool:
+    return config.architectures[0] == Eagle3Drafter.architecture
+
+
+def _check_exportable_layers(source: _Source, verifier: VerifierFiles | None) -> None:
+    """Engines capture the inputs of decoder layers 1..L-1 (SGLang cannot name the embeddings, and neither engine
+    the post-norm output): an EAGLE-3 drafter fusing other states would read different features there."""
+    layers = source.config.eagle_config["eagle_aux_hidden_state_layer_ids"]
+    count = verifier.config.get_text_config(decoder=True).num_hidden_layers if verifier is not None else None
+    outside = [i for i in layers if i < 1 or (count is not None and i >= count)]
+    if outside:
+        raise TapsError(f"{source.where} fuses verifier hidden states {layers}; serving engines capture only the inputs of decoder "
+                        f"layers 1..{count - 1 if count else 'L-1'}, so {outside} cannot be served. Train with feature_layers inside that range")
 
 
 def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bool,
@@ -285,6 +347,7 @@ def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bo
     datamodule = source.checkpoint.get("datamodule_hyper_parameters") or {}
     return {
         **_header(layout),
+        "architecture": SERVING_ARCHITECTURES[source.config.architectures[0], layout],
         "source_checkpoint": str(source.path.resolve()),
         "verifier": taps["verifier"],
         "verifier_checked": verifier is not None,
@@ -300,13 +363,14 @@ def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bo
 
 
 def _header(layout: str) -> dict:
-    return {"format": layout, "architecture": LAYOUTS[layout], "format_version": EXPORT_FORMAT_VERSION,
-            "taps_train_version": taps_train.__version__}
+    return {"format": layout, "format_version": EXPORT_FORMAT_VERSION, "taps_train_version": taps_train.__version__}
 
 
 def _backbone(source: _Source) -> dict:
-    """EAGLE-2 or HASS: from the training hyper-parameters when they set the objective, else from the fc
-    bias (HassModule's default is true, Eagle2Module's false)."""
+    """EAGLE-3 by its architecture; EAGLE-2 or HASS from the training hyper-parameters when they set the
+    objective, else from the fc bias (HassModule's default is true, Eagle2Module's false)."""
+    if _is_eagle3(source.config):
+        return {"name": "eagle3", "inferred_from": "drafter architecture"}
     name = backbone_name(source.checkpoint.get("hyper_parameters") or {})
     if name:
         return {"name": name, "inferred_from": "hyper_parameters (align_steps, topk_weight)"}
