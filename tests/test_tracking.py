@@ -171,9 +171,11 @@ def test_eval_logs_depth_table_and_report_artifact(no_wandb_account, recipe, ran
     assert [row[3] for row in rows] == list(range(1, len(report["benchmarks"]["math_heldout"]["accept_rate_by_depth"]) + 1))
 
 
-@pytest.mark.parametrize("hparams", [{"align_steps": 3}, {"topk_weight": 1.0}, {"align_steps": 1, "topk_weight": 0.0}])
-def test_export_provenance_and_run_tags_name_the_same_backbone(hparams):
+@pytest.mark.parametrize("hparams, architecture", [({"align_steps": 3}, "LlamaForCausalLMEagle"), ({"topk_weight": 1.0}, "LlamaForCausalLMEagle"),
+                                                   ({"align_steps": 1, "topk_weight": 0.0}, "LlamaForCausalLMEagle"),
+                                                   ({"ttt_steps": 7, "draft_vocab_size": 32000}, "LlamaForCausalLMEagle3")])
+def test_export_provenance_and_run_tags_name_the_same_backbone(hparams, architecture):
     from taps_train.export import _backbone
 
-    source = SimpleNamespace(checkpoint={"hyper_parameters": hparams}, config=SimpleNamespace(fc_bias=False))
+    source = SimpleNamespace(checkpoint={"hyper_parameters": hparams}, config=SimpleNamespace(fc_bias=False, architectures=[architecture]))
     assert [_backbone(source)["name"]] == run_tags(hparams)
