@@ -1,7 +1,8 @@
 """Training-step benchmark on the tiny verifier, all figures measured in one run on the same batches:
 
-  1. HASS step time / EAGLE-2 step time (3 alignment steps; target <= 3.3)
+  1. HASS step time / EAGLE-2 step time (3 alignment steps; target <= 3.3), and EAGLE-3's (7 passes)
   2. taps-train's Lightning training step / a bare PyTorch loop doing the same work (target <= 1.05)
+  3. training throughput of each backbone (tokens/s)
 
     python bench/train.py [--steps 30] [--recipe data_recipes/tiny_mixed.yaml]
 """
@@ -14,11 +15,14 @@ from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader
 
 from taps_train.data.datamodule import DrafterDataModule
-from taps_train.training import Eagle2Module, HassModule
+from taps_train.training import Eagle2Module, Eagle3Module, HassModule
+
+MODULES = {"eagle2": (Eagle2Module, {}), "hass": (HassModule, {}), "eagle3": (Eagle3Module, {"draft_vocab_size": 2048})}
 
 
-def fixed_batches(recipe: str, count: int) -> list[dict]:
-    data = DrafterDataModule(recipe, batch_size=8, max_tokens_per_batch=4096)
+def fixed_batches(recipe: str, count: int, verifier_states: tuple[int, ...]) -> list[dict]:
+    """The same samples for every backbone, with the verifier states its feature contract names."""
+    data = DrafterDataModule(recipe, batch_size=8, max_tokens_per_batch=4096, verifier_states=verifier_states)
     data.prepare_data()
     data.setup("fit")
     return [batch for _, batch in zip(range(count), data.train_dataloader())]
@@ -71,19 +75,28 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    batches = fixed_batches(args.recipe, args.steps)
-    tokens = sum(int(b["attention_mask"].sum()) for b in batches[args.warmup :]) / (len(batches) - args.warmup)
+    build = {name: lambda module_class=module_class, options=options: module_class(verifier="taps-tiny", lr=1e-3, warmup_steps=5,
+                                                                                   schedule="cosine", **options)
+             for name, (module_class, options) in MODULES.items()}
+    batches = {name: fixed_batches(args.recipe, args.steps, make().drafter.feature_contract().layers) for name, make in build.items()}
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches["eagle2"][args.warmup :]) / (args.steps - args.warmup)
     timings = {}
     for round_index in range(args.rounds):  # alternate the runners; the fastest round of each counts
-        for name, module_class in (("eagle2", Eagle2Module), ("hass", HassModule)):
+        for name, make in build.items():
             for runner_name, runner in (("bare", bare_loop_seconds), ("lightning", lightning_seconds)):
                 torch.manual_seed(0)
-                module = module_class(verifier="taps-tiny", lr=1e-3, warmup_steps=5, schedule="cosine")
-                seconds = runner(module, batches, args.warmup)
+                module = make()
+                if name == "eagle3":  # its vocabulary, as `setup` chooses it from the training data
+                    vocab = module.drafter.config.vocab_size
+                    module.choose_draft_vocabulary(sum(torch.bincount(b["input_ids"][b["loss_mask"]], minlength=vocab)[:vocab] for b in batches[name]))
+                seconds = runner(module, batches[name], args.warmup)
                 timings[name, runner_name] = min(seconds, timings.get((name, runner_name), float("inf")))
                 print(f"round {round_index} {name:7s} {runner_name:9s} {seconds:.3f} s/step  {tokens / seconds:,.0f} tok/s")
     print(f"\nHASS (3 alignment steps) / EAGLE-2 step time (bare loop): {timings['hass', 'bare'] / timings['eagle2', 'bare']:.2f}  (target <= 3.3)")
-    for name in ("eagle2", "hass"):
+    print(f"EAGLE-3 (7 passes) / EAGLE-2 step time (bare loop): {timings['eagle3', 'bare'] / timings['eagle2', 'bare']:.2f}")
+    for name in build:
+        print(f"{name}: {tokens / timings[name, 'lightning']:,.0f} training tokens/s (Lightning)")
+    for name in build:
         print(f"{name}: Lightning step / bare PyTorch step: {timings[name, 'lightning'] / timings[name, 'bare']:.3f}  (target <= 1.05)")
 
 
