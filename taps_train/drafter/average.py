@@ -34,7 +34,7 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
         backbones = [c["taps"]["drafter_config"].get("architectures") for c in (first, checkpoint)]
         if backbones[0] != backbones[1]:
             raise TapsError(f"cannot average {paths[0]} ({backbones[0][0]}) and {path} ({backbones[1][0]}): weights of different drafter "
-                            "backbones do not correspond; average drafters of one backbone, or compose them with --strategy route/merge")
+                            "backbones do not correspond; average drafters of one backbone, or compose them (--strategy merge, route-confidence, ...)")
         if checkpoint["taps"]["verifier"] != first["taps"]["verifier"]:
             raise TapsError(f"cannot average {paths[0]} and {path}: trained against different verifiers "
                             f"({first['taps']['verifier']['path']} vs {checkpoint['taps']['verifier']['path']})")
