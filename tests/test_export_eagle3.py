@@ -133,3 +133,13 @@ def test_bundle_of_an_eagle3_and_an_eagle2_drafter(verifier, fingerprint, random
     architectures = [json.loads((out / f"drafter_{i}" / "config.json").read_text())["architectures"] for i in range(2)]
     assert architectures == [["LlamaForCausalLMEagle"], [SGLANG_ARCHITECTURE]]
     assert json.loads((out / "drafter_1" / "taps_export.json").read_text())["backbone"]["name"] == "eagle3"
+
+
+def test_averaging_across_backbones_is_refused(verifier, fingerprint, tmp_path):  # noqa: F811
+    from taps_train.drafter.average import average_checkpoints
+    from tests.test_export import make_drafter
+
+    checkpoints = [save_checkpoint(make_drafter(verifier, 7, True), fingerprint, tmp_path / "hass.ckpt"),
+                   save_checkpoint(make_eagle3(verifier, seed=8), fingerprint, tmp_path / "eagle3.ckpt")]
+    with pytest.raises(TapsError, match="different drafter backbones"):
+        average_checkpoints(checkpoints)
