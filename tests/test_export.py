@@ -79,25 +79,29 @@ def test_round_trip_gives_identical_logits(verifier, fingerprint, random_verifie
     assert loaded.fc.bias is None if not fc_bias else torch.equal(loaded.fc.bias, drafter.fc.bias)
 
 
+def causal_rope_attention(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: str, config: dict) -> torch.Tensor:
+    """Causal GQA self-attention with RoPE (base `rope_theta`) at positions 0..n-1, before `o_proj`: [n, heads * head_dim]."""
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    length = x.shape[0]
+    q = (x @ w[f"{prefix}.q_proj.weight"].T).view(length, heads, head_dim).transpose(0, 1)
+    k = (x @ w[f"{prefix}.k_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
+    v = (x @ w[f"{prefix}.v_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
+    inv_freq = config["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    rotate = lambda t: torch.cat([-t[..., head_dim // 2:], t[..., :head_dim // 2]], -1)  # noqa: E731
+    q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
+    scores = (q @ k.transpose(1, 2)) / math.sqrt(head_dim) + torch.full((length, length), -math.inf).triu(1)
+    return (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * head_dim)
+
+
 def reference_eagle_logits(directory, lm_head: torch.Tensor, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     """EAGLE-1/2 draft step written from the key layout alone (config.json + model.safetensors)."""
     config = json.loads((directory / "config.json").read_text())
     w = load_file(directory / "model.safetensors")
-    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    length = ids.shape[0]
     x = torch.cat([w["embed_tokens.weight"][ids], features], dim=-1) @ w["fc.weight"].T + w["fc.bias"]
-    q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(length, heads, head_dim).transpose(0, 1)
-    k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
-    v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
-    inv_freq = config["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    rotate = lambda t: torch.cat([-t[..., head_dim // 2:], t[..., :head_dim // 2]], -1)
-    q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
-    scores = (q @ k.transpose(1, 2)) / math.sqrt(head_dim) + torch.full((length, length), -math.inf).triu(1)
-    attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * head_dim)
-    h = x + attended @ w["layers.0.self_attn.o_proj.weight"].T
+    h = x + causal_rope_attention(x, w, "layers.0.self_attn", config) @ w["layers.0.self_attn.o_proj.weight"].T
     n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + config["rms_norm_eps"]) * w["layers.0.post_attention_layernorm.weight"]
     gate, up = n @ w["layers.0.mlp.gate_proj.weight"].T, n @ w["layers.0.mlp.up_proj.weight"].T
     h = h + (torch.nn.functional.silu(gate) * up) @ w["layers.0.mlp.down_proj.weight"].T

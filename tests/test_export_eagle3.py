@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from taps_train.drafter import Eagle3Drafter, build_drafter
 from taps_train.errors import TapsError
 from taps_train.export import export_bundle, export_eagle, load_exported
-from tests.test_export import fingerprint, save_checkpoint  # noqa: F401 - fixture
+from tests.test_export import causal_rope_attention, fingerprint, save_checkpoint  # noqa: F401 - fixture
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -54,22 +54,12 @@ def reference_eagle3_logits(directory, verifier, ids: torch.Tensor, sglang: bool
     captured = [i + 1 for i in layer_ids] if sglang else layer_ids  # index into hidden_states (inputs of decoder layers)
     with torch.no_grad():
         states = verifier(input_ids=ids[None], output_hidden_states=True).hidden_states
-    eps, heads, kv_heads, head_dim = config["rms_norm_eps"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    eps = config["rms_norm_eps"]
     length = len(ids) - 1
     h = torch.cat([states[i][0, :length] for i in captured], -1) @ w["fc.weight"].T
     embed = verifier.get_input_embeddings().weight[ids[1:]]
     x = torch.cat([rms(embed, w["midlayer.input_layernorm.weight"], eps), rms(h, w["midlayer.hidden_norm.weight"], eps)], -1)
-    q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(length, heads, head_dim).transpose(0, 1)
-    k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
-    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
-    inv_freq = config["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    rotate = lambda t: torch.cat([-t[..., head_dim // 2:], t[..., :head_dim // 2]], -1)  # noqa: E731
-    q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-    k, v = k.repeat_interleave(heads // kv_heads, 0), v.repeat_interleave(heads // kv_heads, 0)
-    scores = (q @ k.transpose(1, 2)) / math.sqrt(head_dim) + torch.full((length, length), -math.inf).triu(1)
-    h = h + (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * head_dim) @ w["midlayer.self_attn.o_proj.weight"].T
+    h = h + causal_rope_attention(x, w, "midlayer.self_attn", config) @ w["midlayer.self_attn.o_proj.weight"].T
     n = rms(h, w["midlayer.post_attention_layernorm.weight"], eps)
     h = h + (torch.nn.functional.silu(n @ w["midlayer.mlp.gate_proj.weight"].T) * (n @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
     draft = rms(h, w["norm.weight"], eps) @ w["lm_head.weight"].T
