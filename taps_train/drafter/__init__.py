@@ -1,5 +1,5 @@
-"""Drafter backbones: the EAGLE-1/2 drafter (shared by HASS), the interface every backbone offers, and
-`build_drafter`, which makes any registered one from its config."""
+"""Drafter backbones: the interface every backbone offers, the EAGLE-1/2 drafter (shared by HASS) and the
+EAGLE-3 drafter, and `build_drafter`, which makes any registered one from its config."""
 
 from taps_train.drafter.backbone import BACKBONES, DrafterBackbone, backbone_class, build_drafter
 from taps_train.drafter.config import drafter_config

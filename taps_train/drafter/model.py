@@ -1,4 +1,4 @@
-"""The drafter network.
+"""The EAGLE-1/2 drafter network (HASS trains the same one).
 
     x_{t+1}, f_t  ->  fc(concat(embed(x_{t+1}), f_t))  ->  one decoder layer  ->  f̂_{t+1}
     logits(x_{t+2}) = lm_head(f̂_{t+1})
