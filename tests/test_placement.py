@@ -48,7 +48,7 @@ def test_frozen_parts_follow_the_training_precision_once(precision, frozen, reci
 
 
 def test_online_mode_and_callback_share_one_verifier_in_the_chosen_dtype(recipe, random_verifier_dir, tmp_path, monkeypatch):  # noqa: F811
-    import taps_train.training.modules as modules
+    import taps_train.training.base as modules
 
     loads = []
     real = modules.load_verifier
