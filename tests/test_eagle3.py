@@ -134,3 +134,20 @@ def test_a_datamodule_built_for_another_contract_is_refused(recipe, random_verif
     module = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64)
     with pytest.raises(TapsError, match=r"datamodule provides verifier hidden states \[-1\] but the drafter reads \[1, 1, 1\]"):
         trainer(tmp_path, max_steps=1).fit(module, datamodule=data(recipe, random_verifier_dir))
+
+
+def test_online_features_equal_cached_ones(recipe, random_verifier_dir):  # noqa: F811
+    """Online mode computes the same three fused states and targets the cache stores (to bf16 precision)."""
+    module = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64)
+    layers = module.drafter.feature_contract().layers
+    cached, online = (data(recipe, random_verifier_dir, verifier_states=layers, online=mode) for mode in (False, True))
+    for dm in (cached, online):
+        dm.prepare_data()
+        dm.setup("fit")
+    batch = next(iter(cached.train_dataloader()))
+    online_batch = next(iter(online.train_dataloader()))
+    assert torch.equal(batch["input_ids"], online_batch["input_ids"])
+    from_cache, computed = module.batch_features(batch), module.batch_features(online_batch)
+    mask = batch["attention_mask"]
+    for name in ("features", "targets"):
+        torch.testing.assert_close(from_cache[name][mask], computed[name][mask], rtol=2**-7, atol=1e-5)
