@@ -172,13 +172,14 @@ class Eagle3Drafter(DrafterBackbone):
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        draft = F.linear(self.norm(hidden.to(self.lm_head.weight.dtype)), self.lm_head.weight)
+        draft = self.draft_logits(hidden.to(self.lm_head.weight.dtype))
         full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy(-1, self.draft_token_ids, draft)
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary only (training)."""
-        return F.linear(self.norm(hidden), self.lm_head.weight)
+        """Logits over the draft vocabulary only. Module calls throughout: ZeRO-3 gathers a trained weight only
+        inside its own module's forward."""
+        return self.lm_head(self.norm(hidden))
 
     def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: pass k (0-based) reads at index t the token x_{t+k+1} at position t+k and, for k > 0,
