@@ -151,3 +151,19 @@ def test_online_features_equal_cached_ones(recipe, random_verifier_dir):  # noqa
     mask = batch["attention_mask"]
     for name in ("features", "targets"):
         torch.testing.assert_close(from_cache[name][mask], computed[name][mask], rtol=2**-7, atol=1e-5)
+
+
+def test_without_a_datamodule_the_vocabulary_must_be_given(recipe, random_verifier_dir, tmp_path):  # noqa: F811
+    from taps_train.errors import TapsError
+
+    module = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64, ttt_steps=2)
+    dm = data(recipe, random_verifier_dir, verifier_states=module.drafter.feature_contract().layers)
+    dm.prepare_data()
+    dm.setup("fit")
+    batches = [next(iter(dm.train_dataloader()))]
+    with pytest.raises(TapsError, match="chooses its draft vocabulary from the training data"):
+        trainer(tmp_path, max_steps=1).fit(module, train_dataloaders=batches)
+    module.choose_draft_vocabulary(dm.loss_token_counts(module.drafter.config.vocab_size))
+    chosen = module.drafter.d2t.clone()
+    trainer(tmp_path, max_steps=1).fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    assert torch.equal(module.drafter.d2t, chosen)  # kept, not chosen again

@@ -42,6 +42,7 @@ class Eagle3Module(DrafterModule):
             raise TapsError(f"ttt_steps must be >= 1, got {ttt_steps}")
         if not 0 < step_weight_decay <= 1:
             raise TapsError(f"step_weight_decay must be in (0, 1], got {step_weight_decay}")
+        self.vocabulary_chosen = False
         super().__init__(verifier=verifier, **kwargs)
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
@@ -52,14 +53,20 @@ class Eagle3Module(DrafterModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        if stage == "fit" and not self.hparams.init_from:  # a resumed run then loads its own vocabulary over this one
-            self.choose_draft_vocabulary(self.trainer.datamodule.loss_token_counts(self.drafter.config.vocab_size))
+        if stage != "fit" or self.hparams.init_from or self.vocabulary_chosen:  # a resumed run loads its own over this one
+            return
+        counts = getattr(self.trainer.datamodule, "loss_token_counts", None)
+        if counts is None:
+            raise TapsError("Eagle3Module chooses its draft vocabulary from the training data: train it with a DrafterDataModule, "
+                            "call choose_draft_vocabulary(token counts) first, or warm-start it with init_from")
+        self.choose_draft_vocabulary(counts(self.drafter.config.vocab_size))
 
     def choose_draft_vocabulary(self, counts: torch.Tensor) -> None:
         """The `draft_vocab_size` most frequent tokens of `counts` (ties: lower id first)."""
         size = self.drafter.config.draft_vocab_size
         order = torch.sort(-counts[: self.drafter.config.vocab_size], stable=True).indices
         self.drafter.set_draft_vocabulary(order[:size])
+        self.vocabulary_chosen = True
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tensors = self.batch_features(batch)
