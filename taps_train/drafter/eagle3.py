@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from taps_train.drafter.backbone import DrafterBackbone, register
 from taps_train.drafter.config import drafter_config
 from taps_train.drafter.features import FeatureContract
-from taps_train.drafter.model import DrafterAttention, KVCache, verifier_sized
+from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, verifier_sized
 from taps_train.errors import TapsError
 
 TTT_STEPS = 7
@@ -90,22 +90,13 @@ class Eagle3Drafter(DrafterBackbone):
 
     @classmethod
     def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
-        hidden, inner = config.hidden_size, config.intermediate_size
-        q_width = config.num_attention_heads * config.head_dim
-        kv_width = config.num_key_value_heads * config.head_dim
+        hidden = config.hidden_size
         layers = len(config.eagle_config["eagle_aux_hidden_state_layer_ids"])
         shapes = {
             "fc.weight": (hidden, layers * config.target_hidden_size),
             "midlayer.input_layernorm.weight": (hidden,),
             "midlayer.hidden_norm.weight": (hidden,),
-            "midlayer.self_attn.q_proj.weight": (q_width, 2 * hidden),
-            "midlayer.self_attn.k_proj.weight": (kv_width, 2 * hidden),
-            "midlayer.self_attn.v_proj.weight": (kv_width, 2 * hidden),
-            "midlayer.self_attn.o_proj.weight": (hidden, q_width),
-            "midlayer.post_attention_layernorm.weight": (hidden,),
-            "midlayer.mlp.gate_proj.weight": (inner, hidden),
-            "midlayer.mlp.up_proj.weight": (inner, hidden),
-            "midlayer.mlp.down_proj.weight": (hidden, inner),
+            **layer_shapes(config, "midlayer", attention_input=2 * hidden),
             "norm.weight": (hidden,),
             "lm_head.weight": (config.draft_vocab_size, hidden),
         }

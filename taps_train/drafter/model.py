@@ -116,20 +116,8 @@ class Drafter(DrafterBackbone):
 
     @classmethod
     def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
-        hidden, inner = config.hidden_size, config.intermediate_size
-        q_width = config.num_attention_heads * config.head_dim
-        kv_width = config.num_key_value_heads * config.head_dim
-        shapes = {
-            "fc.weight": (hidden, 2 * hidden),
-            "layers.0.self_attn.q_proj.weight": (q_width, hidden),
-            "layers.0.self_attn.k_proj.weight": (kv_width, hidden),
-            "layers.0.self_attn.v_proj.weight": (kv_width, hidden),
-            "layers.0.self_attn.o_proj.weight": (hidden, q_width),
-            "layers.0.post_attention_layernorm.weight": (hidden,),
-            "layers.0.mlp.gate_proj.weight": (inner, hidden),
-            "layers.0.mlp.up_proj.weight": (inner, hidden),
-            "layers.0.mlp.down_proj.weight": (hidden, inner),
-        }
+        hidden = config.hidden_size
+        shapes = {"fc.weight": (hidden, 2 * hidden), **layer_shapes(config, "layers.0", attention_input=hidden)}
         if bias:
             shapes["fc.bias"] = (hidden,)
         if embeddings:
@@ -240,3 +228,20 @@ def verifier_sized(tensor: torch.Tensor, expected: tuple[int, int], name: str) -
     """A verifier part of the shape the drafter config was derived for."""
     if tuple(tensor.shape) != expected:
         raise TapsError(f"verifier {name} has shape {tuple(tensor.shape)}, the drafter config needs {expected}")
+
+
+def layer_shapes(config: LlamaConfig, prefix: str, attention_input: int) -> dict[str, tuple[int, ...]]:
+    """The attention, post-attention norm and MLP tensors of one drafter layer named `prefix`."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    q_width = config.num_attention_heads * config.head_dim
+    kv_width = config.num_key_value_heads * config.head_dim
+    return {
+        f"{prefix}.self_attn.q_proj.weight": (q_width, attention_input),
+        f"{prefix}.self_attn.k_proj.weight": (kv_width, attention_input),
+        f"{prefix}.self_attn.v_proj.weight": (kv_width, attention_input),
+        f"{prefix}.self_attn.o_proj.weight": (hidden, q_width),
+        f"{prefix}.post_attention_layernorm.weight": (hidden,),
+        f"{prefix}.mlp.gate_proj.weight": (inner, hidden),
+        f"{prefix}.mlp.up_proj.weight": (inner, hidden),
+        f"{prefix}.mlp.down_proj.weight": (hidden, inner),
+    }

@@ -7,6 +7,7 @@ drafter (`make_drafter`) and says what a batch's loss is (`step_losses`).
 """
 
 import math
+from abc import ABC, abstractmethod
 
 import torch
 from lightning.pytorch import LightningModule
@@ -24,7 +25,7 @@ from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 SCHEDULES = ("cosine", "linear", "constant")
 
 
-class DrafterModule(LightningModule):
+class DrafterModule(LightningModule, ABC):
     def __init__(
         self,
         verifier: str = "taps-tiny",
@@ -77,13 +78,13 @@ class DrafterModule(LightningModule):
         if init_from:
             self._warm_start(init_from)
 
+    @abstractmethod
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
         """This module's (untrained) drafter for the verifier."""
-        raise NotImplementedError
 
+    @abstractmethod
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss of a batch and the terms to log."""
-        raise NotImplementedError
 
     def setup(self, stage: str) -> None:
         if self.trainer is None:
