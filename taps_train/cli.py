@@ -219,13 +219,14 @@ def run_export_command(args: list[str]) -> None:
 
     parser = argparse.ArgumentParser(
         prog="taps-train export",
-        description="Write config.json + model.safetensors (EAGLE-1/2 key layout) + taps_export.json per drafter; "
+        description="Write config.json + model.safetensors + taps_export.json per drafter in the layout a serving engine loads; "
         "two or more checkpoints make a composition bundle (drafter_<i>/ + bundle.json).",
     )
     parser.add_argument("checkpoints", nargs="+", help="drafter checkpoints from `taps-train fit` or `average`")
     parser.add_argument("--out", required=True, help="export directory (must be empty or absent unless --overwrite)")
     parser.add_argument("--format", choices=sorted(LAYOUTS), default="eagle",
-                        help="eagle: SGLang (LlamaForCausalLMEagle); vllm: vLLM method eagle (LlamaForCausalLM)")
+                        help="eagle: SGLang (LlamaForCausalLMEagle/Eagle3); vllm: vLLM method eagle/eagle3 (LlamaForCausalLM); "
+                        "speculators: EAGLE-3 drafts in neuralmagic's speculators format (vllm serve DIR)")
     parser.add_argument("--verifier", default=None, help="taps-tiny, a model directory or a hub id (default: the one the checkpoint records)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the exported weights")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")

@@ -1,4 +1,4 @@
-"""Export drafters as EAGLE-1/2 draft-model directories that serving engines load.
+"""Export drafters as the draft-model directories serving engines load (EAGLE-1/2 below; EAGLE-3 at the end).
 
 An export directory holds:
 
@@ -29,8 +29,15 @@ Two layouts differ only where the engines do:
   fc-bias (HASS-style) drafter exports with a warning. vLLM shares the embedding with the target
   when the draft runs without pipeline parallelism.
 
+EAGLE-3 drafters (`Eagle3Drafter`) keep their checkpoint's keys (`fc` [H, 3H], `midlayer.*` with
+`hidden_norm` and 2H-wide q/k/v, `norm`, a draft-vocabulary `lm_head`, `d2t`/`t2d`) and add
+`draft_vocab_size`, `target_hidden_size` and `eagle_config.eagle_aux_hidden_state_layer_ids` to the config:
+`eagle` is SGLang's `LlamaForCausalLMEagle3` (layer ids by decoder-layer output, one less than taps-train's),
+`vllm` vLLM's method `eagle3`, and `speculators` the speculators library's format (taps_train/speculators.py),
+which `vllm serve DIR` reads on its own.
+
 The layouts were checked offline against an independent reader written from this key layout (see
-tests/test_export.py) and against the engines' model code as published; loading in a running SGLang
+tests/test_export.py, tests/test_export_eagle3.py) and against the engines' model code as published; loading in a running SGLang
 or vLLM was not possible here.
 """
 
@@ -52,9 +59,11 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
 import taps_train
+from taps_train import speculators
 from taps_train.backbones import backbone_name
 from taps_train.drafter.checkpoint import check_tensors, check_verifier, read_checkpoint, trained_drafter
 from taps_train.drafter import Drafter, DrafterBackbone, Eagle3Drafter, backbone_class, build_drafter, drafter_config
+from taps_train.drafter.features import FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
 from taps_train.spec.strategies import STRATEGIES
@@ -62,17 +71,18 @@ from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_files
 
-LAYOUTS = ("eagle", "vllm")
+LAYOUTS = ("eagle", "vllm", "speculators")
 # The architecture name each engine loads a backbone's draft under, per layout.
 SERVING_ARCHITECTURES = {
     (Drafter.architecture, "eagle"): "LlamaForCausalLMEagle",
     (Drafter.architecture, "vllm"): "LlamaForCausalLM",  # vLLM prefixes it: EagleLlamaForCausalLM
     (Eagle3Drafter.architecture, "eagle"): "LlamaForCausalLMEagle3",
     (Eagle3Drafter.architecture, "vllm"): "LlamaForCausalLM",  # vLLM's method "eagle3" makes it Eagle3LlamaForCausalLM
+    (Eagle3Drafter.architecture, "speculators"): speculators.ARCHITECTURE,
 }
 # EAGLE-3 fused-layer ids as engines read them: SGLang takes decoder-layer *outputs* (and adds one), vLLM the
 # inputs of decoder layers, which are taps-train's `hidden_states` indices.
-LAYER_ID_OFFSET = {"eagle": -1, "vllm": 0}
+LAYER_ID_OFFSET = {"eagle": -1, "vllm": 0, "speculators": 0}
 EXPORT_FORMAT_VERSION = 1
 DEFAULT_TREE = TreeConfig()  # the paper's: 60 tokens, depth 5, top-k 10
 BUNDLE_STRATEGIES = sorted(name for name in STRATEGIES if name != "single")
@@ -161,8 +171,13 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> DrafterBa
     except (OSError, ValueError, SafetensorError) as err:
         raise TapsError(f"{directory} is not a readable EAGLE export (config.json + model.safetensors): {err}") from err
     where = f"export {directory}"
-    if "draft_vocab_size" in config_dict:
-        drafter = _eagle3_from_export(config_dict, tensors, verifier_model, where)
+    if speculators.is_speculators(config_dict):
+        layers = verifier_model.config.get_text_config(decoder=True).num_hidden_layers
+        config_dict, tensors = speculators.from_speculators(config_dict, tensors, layers, where)
+        drafter = _eagle3_from_export(config_dict, tensors, verifier_model, where, LAYER_ID_OFFSET["speculators"])
+    elif "draft_vocab_size" in config_dict:
+        sglang = config_dict.get("architectures") == [SERVING_ARCHITECTURES[Eagle3Drafter.architecture, "eagle"]]
+        drafter = _eagle3_from_export(config_dict, tensors, verifier_model, where, LAYER_ID_OFFSET["eagle" if sglang else "vllm"])
     else:
         drafter = _eagle_from_export(config_dict, tensors, verifier_model, where)
     return drafter.eval()
@@ -180,14 +195,15 @@ def _eagle_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], veri
     return _with_verifier_parts(config, tensors, verifier_model, where)
 
 
-def _eagle3_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> Eagle3Drafter:
-    """SGLang's layout names the architecture LlamaForCausalLMEagle3 and fused layers by decoder-layer output;
-    vLLM's the inputs of decoder layers. `t2d`, which SGLang never reads, is rebuilt from `d2t` when absent."""
-    layout = "eagle" if config_dict.get("architectures") == [SERVING_ARCHITECTURES[Eagle3Drafter.architecture, "eagle"]] else "vllm"
+def _eagle3_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str,
+                        layer_offset: int) -> Eagle3Drafter:
+    """Fused layers are named `layer_offset` away from taps-train's `hidden_states` indices (SGLang: by decoder-layer
+    output). `t2d`, which SGLang never reads, is rebuilt from `d2t` when absent."""
     try:
-        layers = [int(i) - LAYER_ID_OFFSET[layout] for i in config_dict["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        layers = [int(i) - layer_offset for i in config_dict["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
     except (KeyError, TypeError, ValueError) as err:
         raise TapsError(f"{where}: config.json lacks eagle_config.eagle_aux_hidden_state_layer_ids; it is not an EAGLE-3 draft") from err
+    check_layers(FeatureContract(tuple(layers)), verifier_model.config, "given to read " + where)
     config = LlamaConfig.from_dict({**config_dict, "architectures": [Eagle3Drafter.architecture], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
     config.target_hidden_size = getattr(config, "target_hidden_size", None) or config.hidden_size
     if "t2d" not in tensors and "d2t" in tensors:
@@ -284,6 +300,9 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
     torch_dtype = DTYPES[dtype]
     index_tensors = backbone_class(source.config).index_tensors()  # token maps keep their dtype
     tensors = {key: value.detach().to(value.dtype if key in index_tensors else torch_dtype).contiguous() for key, value in source.weights.items()}
+    if (source.config.architectures[0], layout) not in SERVING_ARCHITECTURES:
+        raise TapsError(f"{source.where} is an EAGLE-1/2 drafter; the {layout} layout holds EAGLE-3 drafts only. "
+                        "Use --format eagle (SGLang) or vllm")
     if _is_eagle3(source.config):
         _check_exportable_layers(source, verifier)
     elif layout == "eagle" and "fc.bias" not in tensors:
@@ -297,7 +316,12 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
         tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
     check_tensors(tensors, backbone_class(source.config).tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings),
                   source.where, index_tensors)
-    _write_json(directory / "config.json", serving_config(source.config, layout, dtype, bias="fc.bias" in tensors))
+    config = serving_config(source.config, layout, dtype, bias="fc.bias" in tensors)
+    if layout == "speculators":
+        architectures = list(verifier.config.architectures or []) if verifier is not None else []
+        config = speculators.speculators_config(config, source.config, source.checkpoint["taps"]["verifier"]["path"], architectures, dtype)
+        tensors = speculators.to_speculators_names(tensors)
+    _write_json(directory / "config.json", config)
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     _write_json(directory / "taps_export.json", _provenance(source, layout, dtype, include_embeddings, verifier, tau_table))
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 export: SGLang's and vLLM's layouts, checked by a reader written from the published layout
+"""EAGLE-3 export: SGLang's, vLLM's and the speculators layouts, checked by a reader written from the published layout
 alone, round trips with identical logits, and drafters the engines could not serve refused."""
 
 import json
@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from taps_train.drafter import Eagle3Drafter, build_drafter
 from taps_train.errors import TapsError
 from taps_train.export import export_bundle, export_eagle, load_exported
+from taps_train.speculators import from_speculators
 from tests.test_export import causal_rope_attention, fingerprint, save_checkpoint  # noqa: F401 - fixture
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -44,27 +45,33 @@ def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def reference_eagle3_logits(directory, verifier, ids: torch.Tensor, sglang: bool) -> torch.Tensor:
+def reference_eagle3_logits(directory, verifier, ids: torch.Tensor, layout: str) -> torch.Tensor:
     """One EAGLE-3 draft step over a sequence, from config.json + model.safetensors and the verifier alone:
     fc over the captured layers, [input_layernorm(embed), hidden_norm(h)] into attention, residual h, MLP, final
-    norm, draft head, draft ids mapped to verifier ids by d2t. SGLang names layers by decoder-layer output."""
+    norm, draft head, draft ids mapped to verifier ids by d2t. SGLang names layers by decoder-layer output; the
+    speculators format nests the Llama config and names the decoder layer `layers.0`."""
     config = json.loads((directory / "config.json").read_text())
     w = load_file(directory / "model.safetensors")
-    layer_ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    captured = [i + 1 for i in layer_ids] if sglang else layer_ids  # index into hidden_states (inputs of decoder layers)
+    if layout == "speculators":
+        layer_ids, draft_vocab, config, layer = (config["eagle_aux_hidden_state_layer_ids"], config["draft_vocab_size"],
+                                                 config["transformer_layer_config"], "layers.0")
+    else:
+        layer_ids, draft_vocab, layer = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"], config["draft_vocab_size"], "midlayer"
+    captured = [i + 1 for i in layer_ids] if layout == "eagle" else layer_ids  # index into hidden_states (inputs of decoder layers)
     with torch.no_grad():
         states = verifier(input_ids=ids[None], output_hidden_states=True).hidden_states
     eps = config["rms_norm_eps"]
     length = len(ids) - 1
     h = torch.cat([states[i][0, :length] for i in captured], -1) @ w["fc.weight"].T
     embed = verifier.get_input_embeddings().weight[ids[1:]]
-    x = torch.cat([rms(embed, w["midlayer.input_layernorm.weight"], eps), rms(h, w["midlayer.hidden_norm.weight"], eps)], -1)
-    h = h + causal_rope_attention(x, w, "midlayer.self_attn", config) @ w["midlayer.self_attn.o_proj.weight"].T
-    n = rms(h, w["midlayer.post_attention_layernorm.weight"], eps)
-    h = h + (torch.nn.functional.silu(n @ w["midlayer.mlp.gate_proj.weight"].T) * (n @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
+    x = torch.cat([rms(embed, w[f"{layer}.input_layernorm.weight"], eps), rms(h, w[f"{layer}.hidden_norm.weight"], eps)], -1)
+    h = h + causal_rope_attention(x, w, f"{layer}.self_attn", config) @ w[f"{layer}.self_attn.o_proj.weight"].T
+    n = rms(h, w[f"{layer}.post_attention_layernorm.weight"], eps)
+    mlp = {name: w[f"{layer}.mlp.{name}_proj.weight"] for name in ("gate", "up", "down")}
+    h = h + (torch.nn.functional.silu(n @ mlp["gate"].T) * (n @ mlp["up"].T)) @ mlp["down"].T
     draft = rms(h, w["norm.weight"], eps) @ w["lm_head.weight"].T
     full = torch.full((length, config["vocab_size"]), -math.inf)
-    full[:, torch.arange(config["draft_vocab_size"]) + w["d2t"]] = draft
+    full[:, torch.arange(draft_vocab) + w["d2t"]] = draft
     return full
 
 
@@ -76,24 +83,77 @@ def drafter_logits(drafter: Eagle3Drafter, verifier, ids: torch.Tensor) -> torch
         return drafter.logits(hidden)[0]
 
 
-@pytest.mark.parametrize("layout", ["eagle", "vllm"])
+@pytest.mark.parametrize("layout", ["eagle", "vllm", "speculators"])
 def test_independent_reader_and_round_trip(verifier, fingerprint, random_verifier_dir, tmp_path, layout):  # noqa: F811
     drafter = make_eagle3(verifier, seed=1)
     out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(random_verifier_dir),
                        layout=layout, dtype="float32")
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(out / "model.safetensors")
-    assert config["architectures"] == [SGLANG_ARCHITECTURE if layout == "eagle" else "LlamaForCausalLM"]
+    layer = "layers.0." if layout == "speculators" else "midlayer."
+    if layout == "speculators":
+        assert config["architectures"] == ["Eagle3Speculator"] and config["speculators_model_type"] == "eagle3"
+        assert config["eagle_aux_hidden_state_layer_ids"] == list(drafter.feature_layers) and config["norm_before_residual"] is False
+        assert config["speculators_config"]["verifier"]["name_or_path"] == fingerprint["path"]
+        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] >= 1
+        assert config["transformer_layer_config"]["vocab_size"] == verifier.config.vocab_size
+    else:
+        assert config["architectures"] == [SGLANG_ARCHITECTURE if layout == "eagle" else "LlamaForCausalLM"]
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - (layout == "eagle") for i in drafter.feature_layers]
     assert config["draft_vocab_size"] == 150 and config["target_hidden_size"] == verifier.config.hidden_size
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - (layout == "eagle") for i in drafter.feature_layers]
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool and "lm_head.weight" in tensors
-    assert all(k.startswith(("midlayer.", "fc.", "norm.", "lm_head.", "embed_tokens.", "d2t", "t2d")) for k in tensors)
+    assert all(k.startswith((layer, "fc.", "norm.", "lm_head.", "embed_tokens.", "d2t", "t2d")) for k in tensors)
     ids = torch.tensor([0, 5, 17, 33, 2, 9, 41, 7])
     expected = drafter_logits(drafter, verifier, ids)
-    torch.testing.assert_close(reference_eagle3_logits(out, verifier, ids, sglang=layout == "eagle"), expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(reference_eagle3_logits(out, verifier, ids, layout), expected, atol=2e-5, rtol=1e-5)
     loaded = load_exported(out, verifier)
     assert isinstance(loaded, Eagle3Drafter) and loaded.feature_layers == drafter.feature_layers
     assert torch.equal(drafter_logits(loaded, verifier, ids), expected)
+
+
+def test_speculators_layout_holds_eagle3_drafts_only(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811
+    from tests.test_export import make_drafter
+
+    checkpoint = save_checkpoint(make_drafter(verifier, 4, True), fingerprint, tmp_path / "hass.ckpt")
+    with pytest.raises(TapsError, match="holds EAGLE-3 drafts only"):
+        export_eagle(checkpoint, tmp_path / "out", verifier=str(random_verifier_dir), layout="speculators")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"norm_before_residual": True}, "has no such norms"),
+    ({"fc_norm": True}, "has no such norms"),
+    ({"speculators_model_type": "eagle"}, "of type 'eagle3' only"),
+    ({"transformer_layer_config": None}, "no transformer_layer_config"),
+    ({"draft_vocab_size": "150"}, "no integer draft_vocab_size"),
+])
+def test_speculators_drafts_taps_train_cannot_reproduce_are_refused(verifier, fingerprint, random_verifier_dir, tmp_path, change, message):  # noqa: F811
+    out = export_eagle(save_checkpoint(make_eagle3(verifier, seed=9), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
+                       verifier=str(random_verifier_dir), layout="speculators", dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(TapsError, match=message):
+        load_exported(out, verifier)
+
+
+def test_speculators_draft_without_layer_ids_reads_the_speculators_default():
+    """speculators fills in layers 2, L/2 and L-3 of the verifier when the config names none."""
+    config = {"speculators_model_type": "eagle3", "transformer_layer_config": {"hidden_size": 64}, "draft_vocab_size": 10}
+    flat, tensors = from_speculators(config, {"layers.0.mlp.up_proj.weight": torch.ones(1), "fc.weight": torch.ones(1)}, 32, "draft")
+    assert flat["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 16, 29] and flat["hidden_size"] == 64
+    assert set(tensors) == {"midlayer.mlp.up_proj.weight", "fc.weight"}
+
+
+def test_speculators_draft_reading_layers_the_verifier_lacks_is_refused(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811
+    out = export_eagle(save_checkpoint(make_eagle3(verifier, seed=10), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
+                       verifier=str(random_verifier_dir), layout="speculators", dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": None}))  # default 2, 1, -1 for 2 layers
+    with pytest.raises(TapsError, match=r"speculators default \[2, 1, -1\] \(2, L/2, L-3\) does not exist in a 2-layer verifier"):
+        load_exported(out, verifier)
+    (out / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 5, 1]}))
+    with pytest.raises(TapsError, match=r"reads verifier hidden states \[1, 5, 1\].*has 3"):
+        load_exported(out, verifier)
 
 
 def test_sglang_export_without_t2d_reads_back(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811
