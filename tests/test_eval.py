@@ -58,6 +58,10 @@ def test_eval_writes_one_contract_report_per_temperature(checkpoint, random_veri
             assert result["acceptance_length"] == pytest.approx(result["new_tokens"] / result["verify_calls"])
             assert 1.0 <= result["acceptance_length"] <= 4.0  # at most depth + 2 tokens per call
             assert result["mean_tree_tokens"] <= 12
+            assert len(result["prompt_new_tokens"]) == len(result["prompt_verify_calls"]) == 2
+            assert sum(result["prompt_new_tokens"]) == result["new_tokens"] and sum(result["prompt_verify_calls"]) == result["verify_calls"]
+            low, high = result["tau_ci95"]
+            assert low <= high and low >= min(n / c for n, c in zip(result["prompt_new_tokens"], result["prompt_verify_calls"])) - 1e-9
     assert "acceptance length" in capsys.readouterr().out
 
 

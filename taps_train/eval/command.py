@@ -18,7 +18,7 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.evaluate import run_benchmark
 from taps_train.eval.outputs import file_in_the_way
-from taps_train.eval.report import EvalReport, TreeShape
+from taps_train.eval.report import EvalReport, TreeShape, tau_cell
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
@@ -156,13 +156,13 @@ def _report_path(path: Path, temperature: float, count: int) -> Path:
 
 
 def print_table(reports: dict[float, EvalReport]) -> None:
-    table = Table(title="acceptance length τ (mean verifier tokens per call)")
+    table = Table(title="acceptance length τ ± 95% interval half-width (verified tree tokens per call)")
     table.add_column("benchmark")
     for temperature in reports:
         table.add_column(f"T={temperature:g}", justify="right")
     names = next(iter(reports.values())).benchmarks
     for name in names:
-        cells = [f"{r.benchmarks[name].acceptance_length:.2f} ({r.benchmarks[name].mean_tree_tokens:.0f})" for r in reports.values()]
+        cells = [tau_cell(r.benchmarks[name].as_dict()) for r in reports.values()]
         table.add_row(name, *cells)
     table.add_row("average", *[f"{r.average_acceptance_length:.2f}" for r in reports.values()])
     Console().print(table)

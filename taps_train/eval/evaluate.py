@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
+from taps_train.eval.intervals import PromptCounts, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
 
@@ -30,6 +31,8 @@ class BenchmarkTally:
     routing: dict[int, int] = field(default_factory=dict)
     entropy: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
     confidence: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
+    prompt_new_tokens: list[int] = field(default_factory=list)
+    prompt_verify_calls: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
     label: str = ""
     max_new_tokens: int = 0
@@ -37,6 +40,12 @@ class BenchmarkTally:
     def add(self, generation: Generation) -> None:
         for stats in generation.rounds:
             self._add_round(stats)
+
+    def add_prompt(self, new_tokens: int, verify_calls: int) -> None:
+        """One decoded prompt's totals (all turns), the unit the τ interval resamples."""
+        self.prompts += 1
+        self.prompt_new_tokens.append(new_tokens)
+        self.prompt_verify_calls.append(verify_calls)
 
     def _add_round(self, stats: RoundStats) -> None:
         self.new_tokens += stats.new_tokens
@@ -78,6 +87,9 @@ class BenchmarkTally:
             draft_confidence=Signals(**{k: _mean(v) for k, v in self.confidence.items()}),
             wall_time_s=round(self.wall_time_s, 3),
             routing=None if drafter_names is None else {drafter_names[i] if i >= 0 else "merged": n for i, n in sorted(self.routing.items())},
+            prompt_new_tokens=tuple(self.prompt_new_tokens),
+            prompt_verify_calls=tuple(self.prompt_verify_calls),
+            tau_ci95=tau_interval(PromptCounts(self.prompt_new_tokens, self.prompt_verify_calls)),
         )
 
 
@@ -96,7 +108,7 @@ def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBas
     tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens)
     began = time.perf_counter()
     for index, prompt in enumerate(tqdm(prompts, desc=f"decoding {label}", unit="prompt", disable=not progress, leave=False)):
-        messages = []
+        messages, new_before, calls_before = [], tally.new_tokens, tally.verify_calls
         try:
             for turn_index, turn in enumerate(prompt.turns):
                 messages.append({"role": "user", "content": turn})
@@ -108,6 +120,6 @@ def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBas
                 raise
             tally.skipped_too_long += 1
             continue
-        tally.prompts += 1
+        tally.add_prompt(tally.new_tokens - new_before, tally.verify_calls - calls_before)
     tally.wall_time_s = time.perf_counter() - began
     return tally

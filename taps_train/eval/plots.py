@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 from taps_train.errors import TapsError
 from taps_train.eval.outputs import file_in_the_way
-from taps_train.eval.report import read_report
+from taps_train.eval.report import read_report, tau_cell
 
 DPI = 120
 
@@ -100,7 +100,7 @@ def tau_table(reports: list[dict]) -> str:
         for t in temps:
             report = cells.get(t)
             results = report["benchmarks"] if report else {}
-            row += [f"{results[n]['acceptance_length']:.2f} ({results[n]['mean_tree_tokens']:.0f})" if n in results else "–" for n in names]
+            row += [tau_cell(results[n]) if n in results else "–" for n in names]
             row.append(f"{report['average_acceptance_length']:.2f}" if report else "–")
         rows.append(row)
     return markdown_table(header, rows)

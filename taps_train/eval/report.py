@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from taps_train.errors import TapsError
+from taps_train.eval.intervals import PromptCounts
 
 MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
 
@@ -40,7 +41,9 @@ class BenchmarkResult:
     """One benchmark's statistics pooled over its prompts (τ = new tokens / verifier calls).
 
     `prompts_skipped_too_long` and the signals are absent from reports of older versions; `routing`
-    (verifier calls per drafter, or `merged`) is present for routed strategies only.
+    (verifier calls per drafter, or `merged`) is present for routed strategies only. The per-prompt counts
+    (decoded prompts, in benchmark order; a prompt skipped at a later turn leaves its earlier rounds in the
+    pooled sums only) and `tau_ci95`, the 95% bootstrap interval over prompts, are absent from older reports.
     """
 
     acceptance_length: float
@@ -54,6 +57,16 @@ class BenchmarkResult:
     draft_confidence: Signals | None
     wall_time_s: float
     routing: Mapping[str, int] | None = None
+    prompt_new_tokens: tuple[int, ...] | None = None
+    prompt_verify_calls: tuple[int, ...] | None = None
+    tau_ci95: tuple[float, float] | None = None
+
+    @property
+    def prompt_counts(self) -> PromptCounts | None:
+        """What a paired comparison resamples; None for reports written before per-prompt counts."""
+        if self.prompt_new_tokens is None or self.prompt_verify_calls is None:
+            return None
+        return PromptCounts(self.prompt_new_tokens, self.prompt_verify_calls)
 
     def as_dict(self) -> dict:
         """The benchmark's JSON object; optional fields that are None are left out (never null)."""
@@ -85,6 +98,13 @@ class EvalReport:
     def to_json(self) -> str:
         """The report file's text, as `taps-train eval` writes it."""
         return json.dumps(self.as_dict(), indent=2)
+
+
+def tau_cell(result: dict) -> str:
+    """τ ± the half-width of its 95% interval (when the report has one), and verified tree tokens per call."""
+    low, high = result.get("tau_ci95") or (None, None)
+    spread = f" ± {(high - low) / 2:.2f}" if low is not None else ""
+    return f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
 
 
 def read_report(path: str | Path) -> EvalReport:
@@ -228,7 +248,26 @@ def _benchmark(result: _Object) -> BenchmarkResult:
         wall_time_s=result.number("wall_time_s"),
         routing=({drafter: where.integer(rounds) for drafter, rounds, where in result.object("routing").entries()}
                  if result.present("routing") else None),
+        **_prompt_counts(result),
     )
+
+
+def _prompt_counts(result: _Object) -> dict:
+    """Per-prompt counts and the τ interval, checked against the pooled fields they break down."""
+    fields = {}
+    for key, total in (("prompt_new_tokens", "new_tokens"), ("prompt_verify_calls", "verify_calls")):
+        if result.present(key):
+            counts = tuple(where.integer(count) for count, where in result.items(key))
+            if len(counts) != result.data["prompts"] or sum(counts) > result.data[total]:
+                raise result.where.at(key).error(f"must hold one count per decoded prompt ({result.data['prompts']}) "
+                                                 f"summing to at most {total} ({result.data[total]})")
+            fields[key] = counts
+    if result.present("tau_ci95"):
+        bounds = tuple(where.number(value) for value, where in result.items("tau_ci95"))
+        if len(bounds) != 2 or bounds[0] > bounds[1]:
+            raise result.where.at("tau_ci95").error(f"must be [low, high] with low <= high, got {list(bounds)}")
+        fields["tau_ci95"] = bounds
+    return fields
 
 
 def _signals(result: _Object, key: str) -> Signals | None:

@@ -1,0 +1,59 @@
+"""How much of a τ is noise: bootstrap intervals over prompts.
+
+τ is a ratio of sums over a benchmark's prompts (Σ new tokens / Σ verifier calls), and rounds within one
+prompt are not independent (one hard passage lowers many), so the unit to resample is the prompt: draw
+prompts with replacement, recompute the ratio, take the percentiles. Two strategies decoded on the same
+prompts are compared by resampling the prompts once for both (a paired bootstrap of τ_A - τ_B), which
+cancels what the prompts share. Resamples are seeded, so a report's interval is reproducible.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+RESAMPLES = 4000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """Per decoded prompt: tokens it emitted and verifier calls it took (all its turns)."""
+
+    new_tokens: Sequence[int]
+    verify_calls: Sequence[int]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.new_tokens, dtype=np.float64), np.asarray(self.verify_calls, dtype=np.float64)
+
+
+def tau_interval(counts: PromptCounts, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of Σ new / Σ calls, resampling prompts."""
+    new, calls = counts.arrays()
+    picks = _resample_indices(len(new), resamples, seed)
+    return _percentiles(_ratio(new[picks], calls[picks]), level)
+
+
+def paired_difference_interval(a: PromptCounts, b: PromptCounts, resamples: int = RESAMPLES, level: float = LEVEL,
+                               seed: int = 0) -> tuple[float, float]:
+    """Interval of τ_A - τ_B over the same prompts (index i of both is one prompt), resampled jointly."""
+    (a_new, a_calls), (b_new, b_calls) = a.arrays(), b.arrays()
+    if len(a_new) != len(b_new):
+        raise ValueError(f"a paired comparison needs the same prompts: {len(a_new)} vs {len(b_new)}")
+    picks = _resample_indices(len(a_new), resamples, seed)
+    return _percentiles(_ratio(a_new[picks], a_calls[picks]) - _ratio(b_new[picks], b_calls[picks]), level)
+
+
+def _resample_indices(prompts: int, resamples: int, seed: int) -> np.ndarray:
+    if prompts == 0:
+        raise ValueError("no prompts to resample")
+    return np.random.default_rng(seed).integers(0, prompts, size=(resamples, prompts))
+
+
+def _ratio(new: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    return new.sum(axis=1) / np.maximum(calls.sum(axis=1), 1.0)
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
