@@ -23,6 +23,7 @@ TOOL_COMMANDS = {
     "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
     "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM); build a Llama-3-shaped stand-in",
     "report": "tables (markdown) and plots (PNG) of the paper's views from eval reports",
+    "study": "the TAPS experiment from one YAML: fit every backbone x domain/mixture, eval every drafter and strategy, report (resumable)",
 }
 USAGE = "\n".join(
     [
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
             run_eval(args[1:])
         elif command == "report":
             run_report_command(args[1:])
+        elif command == "study":
+            run_study_command(args[1:])
         else:
             print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             sys.exit(2)
@@ -267,6 +270,29 @@ def run_report_command(args: list[str]) -> None:
     options = parser.parse_args(args)
     for path in write_report(options.reports, options.out):
         print(f"wrote {path}")
+
+
+def run_study_command(args: list[str]) -> None:
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from taps_train.eval.plots import write_report
+    from taps_train.study import Study, run_study
+    from taps_train.study.findings import write_findings
+    from taps_train.study.plan import eval_dir
+
+    parser = ArgumentParser(prog="taps-train study", description=TOOL_COMMANDS["study"] + ". Any key of the YAML can be overridden, "
+                            "e.g. --max_steps 100.")
+    parser.add_argument("--config", action=ActionConfigFile, help="a study YAML (see configs/study/)")
+    parser.add_class_arguments(Study)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (cells done / to do) and its estimated time; run nothing")
+    options = parser.parse_args(args)
+    study = Study(**{key: value for key, value in parser.instantiate(options).items() if key not in ("config", "dry_run", "__path__")})
+    run_study(study, dry_run=options.dry_run)
+    if options.dry_run:
+        return
+    written = write_report([eval_dir(study) / backbone for backbone in study.backbones], study.out_dir / "report")
+    write_findings(study, study.out_dir / "report" / "report.md")
+    print(f"wrote {len(written)} files to {study.out_dir / 'report'} (report.md: τ with intervals, figures, the paper's orderings)")
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool, verify: bool) -> None:

@@ -65,11 +65,12 @@ def test_paired_difference_resolves_what_separate_intervals_do_not():
     a_low, a_high = tau_interval(a)
     b_low, b_high = tau_interval(b)
     assert a_low < b_high  # the separate intervals overlap
-    low, high = paired_difference_interval(a, b)
+    low, high = paired_difference_interval([(a, b)])
     assert 0 < low <= high  # the paired one excludes 0
-    assert paired_difference_interval(a, a) == (0.0, 0.0)
+    assert paired_difference_interval([(a, a)]) == (0.0, 0.0)
+    assert paired_difference_interval([(a, b), (a, a)]) == pytest.approx((low / 2, high / 2), abs=0.02)  # averaged over benchmarks
     with pytest.raises(ValueError, match="same prompts"):
-        paired_difference_interval(a, PromptCounts(new[:5], calls[:5]))
+        paired_difference_interval([(a, PromptCounts(new[:5], calls[:5]))])
 
 
 @pytest.mark.parametrize("change, message", [

@@ -93,7 +93,7 @@ def run_eval(args: list[str]) -> None:
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
         )
-        path = _report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
+        path = report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(reports[temperature].to_json())
         written.append(path)
@@ -130,7 +130,7 @@ def check_options(options: argparse.Namespace) -> None:
             raise TapsError(f"--weights applies only to --strategy average, not '{options.strategy}'; drop --weights or pass --strategy average")
         check_weights(options.weights, len(options.drafters))
     output = Path(options.output).expanduser()
-    for path in {output, *(_report_path(output, t, len(options.temperatures)) for t in options.temperatures)}:
+    for path in {output, *(report_path(output, t, len(options.temperatures)) for t in options.temperatures)}:
         if path.is_dir():
             raise TapsError(f"--output {path} is an existing directory; pass a report file path such as {path / 'report.json'}")
     blocker = file_in_the_way(output.parent)
@@ -151,7 +151,7 @@ def averaged_drafter(paths: list[str], weights: list[float] | None, verifier, fi
     return drafter_from_checkpoint(checkpoint, verifier, "averaged drafter")
 
 
-def _report_path(path: Path, temperature: float, count: int) -> Path:
+def report_path(path: Path, temperature: float, count: int) -> Path:
     return path if count == 1 else path.with_name(f"{path.stem}_T{temperature:g}{path.suffix}")
 
 

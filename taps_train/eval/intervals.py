@@ -34,14 +34,18 @@ def tau_interval(counts: PromptCounts, resamples: int = RESAMPLES, level: float 
     return _percentiles(_ratio(new[picks], calls[picks]), level)
 
 
-def paired_difference_interval(a: PromptCounts, b: PromptCounts, resamples: int = RESAMPLES, level: float = LEVEL,
+def paired_difference_interval(pairs: Sequence[tuple[PromptCounts, PromptCounts]], resamples: int = RESAMPLES, level: float = LEVEL,
                                seed: int = 0) -> tuple[float, float]:
-    """Interval of τ_A - τ_B over the same prompts (index i of both is one prompt), resampled jointly."""
-    (a_new, a_calls), (b_new, b_calls) = a.arrays(), b.arrays()
-    if len(a_new) != len(b_new):
-        raise ValueError(f"a paired comparison needs the same prompts: {len(a_new)} vs {len(b_new)}")
-    picks = _resample_indices(len(a_new), resamples, seed)
-    return _percentiles(_ratio(a_new[picks], a_calls[picks]) - _ratio(b_new[picks], b_calls[picks]), level)
+    """Interval of τ_A - τ_B averaged over benchmarks: one (A, B) pair of counts per benchmark, index i of both the
+    same prompt. Prompts are resampled jointly for A and B, independently per benchmark."""
+    samples = []
+    for offset, (a, b) in enumerate(pairs):
+        (a_new, a_calls), (b_new, b_calls) = a.arrays(), b.arrays()
+        if len(a_new) != len(b_new):
+            raise ValueError(f"a paired comparison needs the same prompts: {len(a_new)} vs {len(b_new)}")
+        picks = _resample_indices(len(a_new), resamples, seed + offset)
+        samples.append(_ratio(a_new[picks], a_calls[picks]) - _ratio(b_new[picks], b_calls[picks]))
+    return _percentiles(np.mean(samples, axis=0), level)
 
 
 def _resample_indices(prompts: int, resamples: int, seed: int) -> np.ndarray:

@@ -1,0 +1,139 @@
+"""Which of the paper's orderings a study's reports support, by paired bootstrap intervals.
+
+Every claim "A beats B" is checked on the same prompts: the prompts of each benchmark are resampled once
+for both (per benchmark for an ordering on one benchmark, independently per benchmark and averaged for
+an ordering on the average), and the claim is *supported* when the 95% interval of τ_A - τ_B lies above
+0, *contradicted* when it lies below, and *not resolved* otherwise.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
+from taps_train.eval.report import EvalReport, read_report
+from taps_train.study.config import Study
+from taps_train.study.plan import eval_dir
+
+
+@dataclass(frozen=True)
+class Claim:
+    question: str  # RQ1..RQ4
+    backbone: str
+    temperature: float
+    better: str
+    worse: str
+    where: str  # a benchmark, or "average"
+    low: float
+    high: float
+    difference: float
+
+    @property
+    def verdict(self) -> str:
+        return "supported" if self.low > 0 else "contradicted" if self.high < 0 else "not resolved"
+
+
+def study_reports(study: Study) -> dict[tuple[str, str, float], EvalReport]:
+    """(backbone, variant label, temperature) -> report, for every report the study's evals wrote."""
+    reports = {}
+    for backbone in study.backbones:
+        for path in sorted((eval_dir(study) / backbone).glob("*.json")):
+            report = read_report(path)
+            label = path.stem.rsplit("_T", 1)[0] if len(study.temperatures) > 1 else path.stem
+            reports[backbone, label, report.temperature] = report
+    return reports
+
+
+def claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[Claim]:
+    """RQ1: the matched specialist beats each other one on its domain's benchmarks. RQ2: a mixture beats the
+    unmatched specialist on every benchmark (robust), and the matched specialist beats the mixture (not uniformly
+    better). RQ3: best single > uniform average, route-confidence > best single, merge > route-confidence (on the
+    average over benchmarks). RQ4: route-confidence > route-entropy."""
+    found = []
+    for backbone in study.backbones:
+        for temperature in study.temperatures:
+            def compare(question: str, better: str, worse: str, benchmarks: Sequence[str]) -> None:
+                a, b = reports.get((backbone, better, temperature)), reports.get((backbone, worse, temperature))
+                claim = _claim(question, backbone, temperature, better, a, worse, b, benchmarks)
+                if claim is not None:
+                    found.append(claim)
+
+            domains = list(study.domains)
+            for domain in domains:
+                for benchmark in map(benchmark_name, study.domains[domain].benchmarks):
+                    for other in domains:
+                        if other != domain:
+                            compare("RQ1", domain, other, [benchmark])
+                    for mixture in study.mixtures:
+                        compare("RQ2", domain, mixture, [benchmark])
+                        for other in domains:
+                            if other != domain:
+                                compare("RQ2", mixture, other, [benchmark])
+            everything = [benchmark_name(spec) for spec in study.benchmarks]
+            best = _best_single(backbone, temperature, domains, reports)
+            if best is not None:
+                compare("RQ3", best, "average", everything)
+                compare("RQ3", "route-confidence", best, everything)
+            compare("RQ3", "merge", "route-confidence", everything)
+            compare("RQ4", "route-confidence", "route-entropy", everything)
+    return found
+
+
+def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> str:
+    """The study's section of report.md: the claims table and the interval half-widths reached."""
+    rows = [f"| {c.question} | {c.backbone} | {c.temperature:g} | {c.better} > {c.worse} | {c.where} | "
+            f"{c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}] | {c.verdict} |" for c in claims(study, reports)]
+    widths = {}
+    for (_, _, temperature), report in reports.items():
+        for result in report.benchmarks.values():
+            if result.tau_ci95 is not None:
+                widths.setdefault(temperature, []).append((result.tau_ci95[1] - result.tau_ci95[0]) / 2)
+    spread = "; ".join(f"T={t:g}: median {np.median(w):.3f}, max {max(w):.3f}" for t, w in sorted(widths.items()))
+    return "\n".join([
+        f"## Study {study.name}: the paper's orderings",
+        "",
+        f"Each claim's Δτ with its 95% paired bootstrap interval ({RESAMPLES} resamples of the prompts, {study.prompts} "
+        f"per benchmark). Half-widths of the single-report τ intervals: {spread or 'none (reports without intervals)'}.",
+        "",
+        "| RQ | backbone | T | claim | on | Δτ [95% interval] | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ])
+
+
+def write_findings(study: Study, report_md: Path) -> None:
+    """Append the claims to the report.md `taps-train report` wrote."""
+    text = report_md.read_text() if report_md.is_file() else ""
+    report_md.write_text(text.rstrip("\n") + "\n\n" + markdown(study, study_reports(study)))
+
+
+def benchmark_name(spec: str) -> str:
+    """A report names a benchmark given as `name:path` by its name."""
+    return spec.split(":", 1)[0]
+
+
+def _best_single(backbone: str, temperature: float, domains: list[str], reports: dict) -> str | None:
+    singles = {d: reports.get((backbone, d, temperature)) for d in domains}
+    singles = {d: r for d, r in singles.items() if r is not None}
+    return max(singles, key=lambda d: singles[d].average_acceptance_length) if singles else None
+
+
+def _claim(question: str, backbone: str, temperature: float, better: str, a: EvalReport | None, worse: str,
+           b: EvalReport | None, benchmarks: Sequence[str]) -> Claim | None:
+    """Δτ = mean over `benchmarks` of τ_A - τ_B, and its paired interval; None when either report lacks them."""
+    if a is None or b is None:
+        return None
+    pairs = []
+    for name in benchmarks:
+        ra, rb = a.benchmarks.get(name), b.benchmarks.get(name)
+        if ra is None or rb is None or ra.prompt_counts is None or rb.prompt_counts is None:
+            return None
+        if len(ra.prompt_counts.new_tokens) != len(rb.prompt_counts.new_tokens):
+            return None  # different prompts were decoded (one skipped a prompt): no pairing
+        pairs.append((ra.prompt_counts, rb.prompt_counts))
+    low, high = paired_difference_interval(pairs)
+    difference = float(np.mean([a.benchmarks[n].acceptance_length - b.benchmarks[n].acceptance_length for n in benchmarks]))
+    return Claim(question, backbone, temperature, better, worse, benchmarks[0] if len(benchmarks) == 1 else "average", low, high, difference)

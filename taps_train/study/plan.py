@@ -1,0 +1,121 @@
+"""A study as a list of cells: one `taps-train fit` per backbone x training set, then one `taps-train eval`
+per drafter, per strategy over the specialists and per averaging weight.
+
+Each cell has a fingerprint of everything that decides its outputs: the fit config it runs (derived from the
+backbone's config, so any change to that config shows) and the recipe's text for fits; the eval options and
+the fingerprints of the fits whose checkpoints it reads for evals. A finished cell whose fingerprint still
+matches is skipped; change a recipe and its fits and every evaluation of them run again, nothing else.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from taps_train.eval.command import report_path
+from taps_train.study.config import Study
+
+CHECKPOINT_CALLBACK = "lightning.pytorch.callbacks.ModelCheckpoint"
+
+
+@dataclass
+class Cell:
+    """One command of the study. `key` names its folder-safe state file; `needs` the cells it reads."""
+
+    key: str
+    kind: str  # "fit" or "eval"
+    backbone: str
+    label: str  # the training set (fit) or the evaluated variant (eval)
+    args: list[str]
+    outputs: list[Path]
+    fingerprint: str
+    needs: list[str] = field(default_factory=list)
+    fit_config: dict | None = None  # written to `config_path` before a fit runs
+    steps: int = 0
+    decodes: int = 0  # prompts x benchmarks x temperatures an eval decodes
+
+    @property
+    def config_path(self) -> Path:
+        return self.outputs[0].parent / "config.yaml"
+
+
+def plan(study: Study) -> list[Cell]:
+    """Every cell in the order they run: all fits first, then the evaluations that read them."""
+    fits = {(backbone, name): _fit_cell(study, backbone, name, recipe)
+            for backbone in study.backbones for name, recipe in _training_sets(study).items()}
+    evals = []
+    for backbone in study.backbones:
+        for name in _training_sets(study):
+            evals.append(_eval_cell(study, backbone, name, [fits[backbone, name]], "single"))
+        specialists = [fits[backbone, name] for name in study.domains]
+        for strategy in study.strategies:
+            evals.append(_eval_cell(study, backbone, strategy, specialists, strategy))
+        for weight in study.lambdas:
+            evals.append(_eval_cell(study, backbone, f"average_lambda{weight:g}", specialists, "average", [weight, 1 - weight]))
+    return [*fits.values(), *evals]
+
+
+def fit_dir(study: Study, backbone: str, name: str) -> Path:
+    return study.out_dir / "fits" / f"{backbone}_{name}"
+
+
+def eval_dir(study: Study) -> Path:
+    return study.out_dir / "eval"
+
+
+def _training_sets(study: Study) -> dict[str, str]:
+    return {**{name: domain.recipe for name, domain in study.domains.items()}, **study.mixtures}
+
+
+def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
+    directory = fit_dir(study, backbone, name)
+    config = fit_config(yaml.safe_load(Path(study.backbones[backbone]).read_text()), study, recipe, directory)
+    checkpoint = directory / "last.ckpt"
+    fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
+    return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],
+                outputs=[checkpoint], fingerprint=fingerprint, fit_config=config, steps=study.max_steps)
+
+
+def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
+    """The backbone's fit config with the study's recipe, steps, seed and verifier, writing into `directory`;
+    the last checkpoint (what the study evaluates, and resumes from) is always saved there."""
+    config = json.loads(json.dumps(base))  # a deep copy of plain YAML data
+    config["seed_everything"] = study.seed
+    trainer = config.setdefault("trainer", {})
+    trainer.update(max_steps=study.max_steps, default_root_dir=str(directory))
+    if isinstance(trainer.get("val_check_interval"), int) and trainer["val_check_interval"] > study.max_steps:
+        trainer["val_check_interval"] = study.max_steps
+    logger = trainer.get("logger")
+    if isinstance(logger, dict) and "save_dir" in logger.get("init_args", {}):
+        logger["init_args"]["save_dir"] = str(directory)
+    callbacks = trainer.setdefault("callbacks", [])
+    for callback in callbacks:
+        if callback.get("class_path") == CHECKPOINT_CALLBACK:
+            callback.setdefault("init_args", {})["dirpath"] = str(directory)
+    if not any(c.get("class_path") == CHECKPOINT_CALLBACK and c.get("init_args", {}).get("save_last") for c in callbacks):
+        callbacks.append({"class_path": CHECKPOINT_CALLBACK, "init_args": {"dirpath": str(directory), "save_last": True}})
+    config["model"].setdefault("init_args", {})["verifier"] = study.verifier
+    config["data"].setdefault("init_args", {})["recipe"] = recipe
+    return config
+
+
+def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], strategy: str, weights: list[float] | None = None) -> Cell:
+    output = eval_dir(study) / backbone / f"{label}.json"
+    options = ["--strategy", strategy, "--verifier", study.verifier, "--benchmarks", *study.benchmarks,
+               "--temperatures", *[f"{t:g}" for t in study.temperatures], "--prompts", str(study.prompts),
+               "--max-new-tokens", str(study.max_new_tokens), "--seed", str(study.seed),
+               "--total-tokens", str(study.tree.total_tokens), "--depth", str(study.tree.depth), "--top-k", str(study.tree.top_k)]
+    if weights is not None:
+        options += ["--weights", *[f"{w:g}" for w in weights]]
+    args = ["eval", "--drafters", *[str(d.outputs[0]) for d in drafters], *options, "--output", str(output)]
+    outputs = [report_path(output, t, len(study.temperatures)) for t in study.temperatures]
+    fingerprint = _hash({"options": options, "drafters": [d.fingerprint for d in drafters]})
+    return Cell(key=f"eval_{backbone}_{label}", kind="eval", backbone=backbone, label=label, args=args, outputs=outputs,
+                fingerprint=fingerprint, needs=[d.key for d in drafters],
+                decodes=study.prompts * len(study.benchmarks) * len(study.temperatures))
+
+
+def _hash(content: dict) -> str:
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,208 @@
+"""Run a study's cells in order, skipping finished ones, with progress and a time estimate.
+
+Each cell runs as its own `taps-train` process (the same command a user would type; its output goes to
+`logs/<cell>.log`), so a crash in one cell cannot leave the study's own state half-written, and a cell's
+process dies with the study's. A cell is finished when `cells/<cell>.json` records its fingerprint and its
+outputs exist; an interrupted fit resumes from its last checkpoint when its fingerprint is unchanged.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from taps_train.data.locking import exclusive
+from taps_train.errors import TapsError
+from taps_train.study.config import Study
+from taps_train.study.plan import Cell, plan
+
+# Seconds per training step (4k-token batches) and per decoded prompt on the tiny verifier, 2 CPU cores
+# (bench/train.py and the issue-13 evaluations); other verifiers get counts only until cells have run.
+TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.9, "HassModule": 1.3, "Eagle3Module": 3.2}
+TINY_SECONDS_PER_DECODE = 2.0
+
+
+def run_study(study: Study, dry_run: bool = False, console: Console | None = None,
+              after_cell: Callable[[Cell], None] | None = None) -> list[Cell]:
+    """Run (or, with `dry_run`, print) every unfinished cell; returns the cells that ran."""
+    console = console or Console(stderr=True)
+    cells, todo = unfinished(study)
+    console.print(_plan_text(study, cells, todo, _State(study.out_dir)))
+    if dry_run or not todo:
+        return []
+    with exclusive(study.out_dir / ".lock", f"another run of study {study.name}"):
+        state = _State(study.out_dir)
+        todo = [cell for cell in cells if not state.finished(cell)]  # what another run finished meanwhile
+        began = time.monotonic()
+        for index, cell in enumerate(todo):
+            console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} ...")
+            seconds = _run_cell(cell, state)
+            state.record(cell, seconds)
+            left = _estimate(todo[index + 1:], state, study)
+            console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
+                          f"{_clock(time.monotonic() - began)}, about {_clock(left) if left is not None else '?'} left")
+            if after_cell is not None:
+                after_cell(cell)
+    return todo
+
+
+def unfinished(study: Study) -> tuple[list[Cell], list[Cell]]:
+    """The study's cells, and those not finished with their current fingerprint."""
+    study.check()
+    cells = plan(study)
+    state = _State(study.out_dir)
+    return cells, [cell for cell in cells if not state.finished(cell)]
+
+
+class _State:
+    """`cells/<key>.json` per finished cell: its fingerprint and how long it took."""
+
+    def __init__(self, out_dir: Path):
+        self.directory = out_dir / "cells"
+
+    def path(self, cell: Cell) -> Path:
+        return self.directory / f"{cell.key}.json"
+
+    def read(self, cell: Cell) -> dict | None:
+        try:
+            record = json.loads(self.path(cell).read_text())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def finished(self, cell: Cell) -> bool:
+        record = self.read(cell)
+        return bool(record) and record.get("fingerprint") == cell.fingerprint and all(p.is_file() for p in cell.outputs)
+
+    def record(self, cell: Cell, seconds: float) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path(cell).with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"fingerprint": cell.fingerprint, "seconds": round(seconds, 1), "steps": cell.steps,
+                                   "decodes": cell.decodes, "outputs": [str(p) for p in cell.outputs]}, indent=2))
+        os.replace(tmp, self.path(cell))
+
+    def measured(self, kind: str, backbone: str | None = None) -> float | None:
+        """Seconds per step (fits of `backbone`) or per decode (evals) over the finished cells recorded here."""
+        seconds = units = 0.0
+        for path in self.directory.glob("*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if not path.stem.startswith(f"{kind}_{backbone}_" if backbone else f"{kind}_"):
+                continue
+            seconds += float(record.get("seconds", 0))
+            units += float(record.get("steps" if kind == "fit" else "decodes", 0))
+        return seconds / units if units else None
+
+
+def _run_cell(cell: Cell, state: _State) -> float:
+    log = cell.outputs[0].parent.parent / "logs" / f"{cell.key}.log" if cell.kind == "eval" else cell.outputs[0].parent / "fit.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    args = list(cell.args)
+    if cell.kind == "fit":
+        _prepare_fit(cell, state, args)
+    began = time.monotonic()
+    with log.open("a") as out:
+        out.write(f"$ taps-train {' '.join(args)}\n")
+        out.flush()
+        result = subprocess.run([sys.executable, "-m", "taps_train", *args], stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent, check=False)
+    if result.returncode != 0:
+        raise TapsError(f"study cell {cell.key} failed (exit {result.returncode}): {_last_line(log)}; see {log}. "
+                        "Fix it and run the study again: finished cells are kept")
+    missing = [str(p) for p in cell.outputs if not p.is_file()]
+    if missing:
+        raise TapsError(f"study cell {cell.key} finished without writing {missing}; see {log}")
+    return time.monotonic() - began
+
+
+def _prepare_fit(cell: Cell, state: _State, args: list[str]) -> None:
+    """Write the cell's fit config; resume from its last checkpoint when an earlier run of the same cell was cut
+    short, or start over (removing that run's checkpoints) when the cell's inputs changed since."""
+    directory = cell.config_path.parent
+    previous = state.read(cell) or _read_started(directory)
+    last = directory / "last.ckpt"
+    if last.is_file() and previous and previous.get("fingerprint") == cell.fingerprint:
+        args += ["--ckpt_path", str(last)]
+    else:
+        for stale in directory.glob("*.ckpt"):
+            stale.unlink()
+    directory.mkdir(parents=True, exist_ok=True)
+    cell.config_path.write_text(yaml.safe_dump(cell.fit_config, sort_keys=False))
+    (directory / "started.json").write_text(json.dumps({"fingerprint": cell.fingerprint}))
+
+
+def _read_started(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / "started.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _die_with_parent() -> None:
+    """Linux: the cell's process gets SIGTERM when the study's process dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _describe(cell: Cell) -> str:
+    return f"fit {cell.backbone} on {cell.label}" if cell.kind == "fit" else f"eval {cell.backbone} {cell.label}"
+
+
+def _estimate(cells: list[Cell], state: _State, study: Study) -> float | None:
+    """Seconds the cells will take: measured rates of this study's finished cells, else the tiny verifier's."""
+    total = 0.0
+    for cell in cells:
+        if cell.kind == "fit":
+            rate = state.measured("fit", cell.backbone) or _tiny_rate(study, cell)
+            units = cell.steps
+        else:
+            rate = state.measured("eval") or (TINY_SECONDS_PER_DECODE if study.verifier == "taps-tiny" else None)
+            units = cell.decodes
+        if rate is None:
+            return None
+        total += rate * units
+    return total
+
+
+def _tiny_rate(study: Study, cell: Cell) -> float | None:
+    if study.verifier != "taps-tiny":
+        return None
+    module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
+    return TINY_SECONDS_PER_STEP.get(module)
+
+
+def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State) -> str:
+    fits = [c for c in cells if c.kind == "fit"]
+    evals = [c for c in cells if c.kind == "eval"]
+    left = _estimate(todo, state, study)
+    lines = [f"study {study.name} -> {study.out_dir}",
+             f"  {len(fits)} fits ({len(study.backbones)} backbones x {len(study.domains)} domains + {len(study.mixtures)} mixtures, "
+             f"{study.max_steps} steps each), {len(evals)} evals ({study.prompts} prompts x {len(study.benchmarks)} benchmarks "
+             f"x {len(study.temperatures)} temperatures each)",
+             f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
+             f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}"]
+    lines += [f"    {'done' if c not in todo else 'todo'}  {_describe(c)}" for c in cells]
+    return "\n".join(lines)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -1,0 +1,154 @@
+"""`taps-train study` on a micro study (random verifier, 2 training steps per fit): it runs every cell through the
+real `taps-train fit` / `eval` processes, writes a report with intervals and the paper's orderings, resumes after
+being killed without redoing finished cells, reruns exactly what a changed input touches, and refuses bad
+study files in one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from taps_train.cli import main
+from taps_train.errors import TapsError
+from taps_train.study import Domain, Study, Tree, run_study
+from taps_train.study.run import unfinished
+
+FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+
+
+def recipe(path: Path, seed: int) -> str:
+    path.write_text(f"name: r{seed}\nseed: 0\nmax_length: 256\nsources:\n  - source: gsm_symbolic\n    args: {{size: 40, seed: {seed}}}\n"
+                    "    heldout: 4\n    count: 16\n")
+    return str(path)
+
+
+def fit_config(path: Path, verifier: Path) -> str:
+    path.write_text(yaml.safe_dump({
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 500, "limit_val_batches": 0, "logger": False,
+                    "enable_progress_bar": False, "enable_model_summary": False},
+        "model": {"class_path": "taps_train.training.Eagle2Module", "init_args": {"verifier": str(verifier)}},
+        "data": {"class_path": "taps_train.data.datamodule.DrafterDataModule", "init_args": {"recipe": "set by the study", "batch_size": 4}},
+    }))
+    return str(path)
+
+
+@pytest.fixture
+def study(tmp_path, random_verifier_dir, monkeypatch) -> Study:
+    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return Study(
+        name="micro",
+        verifier=str(random_verifier_dir),
+        domains={"a": Domain(recipe(tmp_path / "a.yaml", 3), [f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}"]),
+                 "b": Domain(recipe(tmp_path / "b.yaml", 4), [f"mt_bench:{FIXTURES / 'mt_bench.jsonl'}"])},
+        backbones={"eagle2": fit_config(tmp_path / "eagle2.yaml", random_verifier_dir)},
+        max_steps=2,
+        strategies=["route-confidence", "merge"],
+        temperatures=[0.0],
+        tree=Tree(total_tokens=8, depth=2, top_k=2),
+        prompts=2,
+        max_new_tokens=6,
+        lambdas=[0.5],
+        out_root=str(tmp_path / "studies"),
+    )
+
+
+def study_yaml(study: Study, path: Path) -> Path:
+    data = {key: getattr(study, key) for key in ("name", "verifier", "backbones", "max_steps", "strategies", "temperatures", "prompts",
+                                                 "max_new_tokens", "lambdas", "out_root")}
+    data["domains"] = {name: {"recipe": d.recipe, "benchmarks": d.benchmarks} for name, d in study.domains.items()}
+    data["tree"] = {"total_tokens": study.tree.total_tokens, "depth": study.tree.depth, "top_k": study.tree.top_k}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.integration  # seven `taps-train` processes: ~1-2 minutes on 2 cores
+def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, tmp_path):
+    config = study_yaml(study, tmp_path / "study.yaml")
+    command = [sys.executable, "-m", "taps_train", "study", "--config", str(config)]
+    first_fit = study.out_dir / "cells" / "fit_eagle2_a.json"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    deadline = time.monotonic() + 300
+    while not first_fit.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first_fit.exists(), "the first fit never finished"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    cells, todo = unfinished(study)
+    assert cells[0].key == "fit_eagle2_a" and cells[0] not in todo and len(todo) < len(cells)
+    first = json.loads(first_fit.read_text())
+    checkpoint_time = cells[0].outputs[0].stat().st_mtime_ns
+
+    ran = run_study(study)
+    assert [cell.key for cell in ran] == [cell.key for cell in todo]  # only the unfinished cells ran
+    assert cells[0].outputs[0].stat().st_mtime_ns == checkpoint_time and json.loads(first_fit.read_text()) == first
+    assert unfinished(study)[1] == []
+
+    main(["study", "--config", str(config)])  # nothing left to run: writes the report
+    report = (study.out_dir / "report" / "report.md").read_text()
+    assert " ± " in report and "## Study micro: the paper's orderings" in report
+    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k |" in report and "| RQ3 | eagle2 | 0 | merge > route-confidence | average |" in report
+    evals = sorted(p.stem for p in (study.out_dir / "eval" / "eagle2").glob("*.json"))
+    assert evals == ["a", "average_lambda0.5", "b", "merge", "route-confidence"]
+
+    # A changed recipe reruns its fit and every evaluation reading that drafter, nothing else.
+    Path(study.domains["b"].recipe).write_text(Path(study.domains["b"].recipe).read_text().replace("count: 16", "count: 12"))
+    _, todo = unfinished(study)
+    assert [cell.key for cell in todo] == ["fit_eagle2_b", "eval_eagle2_b", "eval_eagle2_route-confidence", "eval_eagle2_merge",
+                                           "eval_eagle2_average_lambda0.5"]
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
+    assert run_study(study, dry_run=True) == []
+    text = capsys.readouterr().err
+    assert "2 fits" in text and "5 evals" in text and "0 cells done, 7 to do" in text and "todo  fit eagle2 on a" in text
+    assert not (study.out_dir / "cells").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"domains": {}}, "compares specialists of two or more domains"),
+    ({"backbones": {}}, "name at least one backbone"),
+    ({"strategies": ["single"]}, "not composition strategies"),
+    ({"strategies": ["merge", "vote"]}, r"\['vote'\] are not composition strategies"),
+    ({"lambdas": [1.5]}, r"every λ lies in \[0, 1\]"),
+    ({"max_steps": 0}, "must be >= 1"),
+    ({"temperatures": []}, "temperatures not empty"),
+    ({"mixtures": {"a": "x.yaml"}}, "share a name"),
+    ({"mixtures": {"m": "missing.yaml"}}, "mixtures.m: missing.yaml does not exist"),
+    ({"backbones": {"../up": "eagle2.yaml"}}, "names become folder names"),
+])
+def test_bad_studies_are_refused_before_anything_runs(study, change, message):
+    for key, value in change.items():
+        setattr(study, key, value)
+    with pytest.raises(TapsError, match=message):
+        run_study(study)
+    assert not study.out_dir.exists()
+
+
+def test_three_domains_refuse_a_lambda_sweep_and_a_backbone_file_must_be_a_fit_config(study, tmp_path):
+    study.domains["c"] = Domain(study.domains["a"].recipe, ["gsm8k"])
+    with pytest.raises(TapsError, match="λ sweep interpolates two specialists; this study has 3 domains"):
+        run_study(study)
+    study.lambdas = []
+    (tmp_path / "bad.yaml").write_text("- just a list\n")
+    study.backbones = {"eagle2": str(tmp_path / "bad.yaml")}
+    with pytest.raises(TapsError, match="is not a fit config with model and data sections"):
+        run_study(study)
+
+
+def test_cli_refuses_a_study_file_in_one_line(study, tmp_path, capsys):
+    config = study_yaml(study, tmp_path / "study.yaml")
+    data = yaml.safe_load(config.read_text())
+    data["strategies"] = ["nope"]
+    config.write_text(yaml.safe_dump(data))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["study", "--config", str(config)])
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("taps-train: error: study micro: strategies: ['nope']") and "\n" not in error
