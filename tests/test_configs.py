@@ -14,7 +14,8 @@ from taps_train.training import Eagle2Module, Eagle3Module, HassModule
 ROOT = Path(__file__).resolve().parents[1]
 FULL_CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if "model" in yaml.safe_load(p.read_text()))
 # configs/sweeps/ holds W&B sweep definitions, not LightningCLI configs (tests/test_sweeps.py checks them).
-OVERRIDES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p not in FULL_CONFIGS and p.parent.name != "sweeps")
+OVERRIDES = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p not in FULL_CONFIGS and p.parent.name not in ("sweeps", "study"))
+STUDIES = sorted((ROOT / "configs" / "study").glob("*.yaml"))
 MODULES = {"taps_train.training.HassModule": HassModule, "taps_train.training.Eagle2Module": Eagle2Module,
            "taps_train.training.Eagle3Module": Eagle3Module}
 
@@ -106,3 +107,12 @@ def test_jsonargparse_sees_every_module_argument():
     keys = {action.dest for action in parser._actions}
     assert {"model.draft_vocab_size", "model.ttt_steps", "model.feature_layers", "model.lr", "model.verifier"} <= keys
     assert not keys & {"model.align_steps", "model.feature_weight", "model.seed"}  # EAGLE-2 options are not EAGLE-3's
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda p: p.name)
+def test_study_config_parses_checks_and_plans(study, monkeypatch, capsys):
+    """Every study file names existing recipes and fit configs, known strategies, and plans its cells (--dry-run)."""
+    monkeypatch.chdir(ROOT)
+    main(["study", "--config", str(study), "--dry-run"])
+    plan = capsys.readouterr().err
+    assert f"study {study.stem} ->" in plan and "cells done" in plan and " fit " in plan

@@ -35,7 +35,7 @@ class Tree:
 class Study:
     """name: the study's folder under `out_root`. backbones: backbone name -> a `taps-train fit` config whose
     model, optimizer and callbacks every cell of that backbone uses (recipe, steps, seed, verifier and output
-    folders are the study's). mixtures: name -> a mixture recipe, trained by every backbone. strategies: how
+    folders are the study's). max_steps: every fit's budget (None: each config's own, e.g. the paper's 20 epochs). mixtures: name -> a mixture recipe, trained by every backbone. strategies: how
     the specialists are combined (`taps-train eval --strategy`; `average` is uniform). lambdas: weights of the
     first domain's specialist in a two-domain averaging sweep. prompts, max_new_tokens: per benchmark, for
     every evaluation."""
@@ -45,7 +45,7 @@ class Study:
     backbones: dict[str, str]
     verifier: str = "taps-tiny"
     mixtures: dict[str, str] = field(default_factory=dict)
-    max_steps: int = 500
+    max_steps: int | None = 500
     strategies: list[str] = field(default_factory=lambda: ["average", "route-entropy", "route-confidence", "merge", "merge-budget"])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     tree: Tree = field(default_factory=Tree)
@@ -94,8 +94,10 @@ class Study:
             problems.append(f"lambdas: a λ sweep interpolates two specialists; this study has {len(self.domains)} domains")
         if any(not 0 <= value <= 1 for value in self.lambdas):
             problems.append(f"lambdas: every λ lies in [0, 1], got {self.lambdas}")
-        if self.max_steps < 1 or self.prompts < 1 or self.max_new_tokens < 1 or not self.temperatures:
+        if (self.max_steps is not None and self.max_steps < 1) or self.prompts < 1 or self.max_new_tokens < 1 or not self.temperatures:
             problems.append("max_steps, prompts and max_new_tokens must be >= 1 and temperatures not empty")
+        if any(t < 0 for t in self.temperatures):
+            problems.append(f"temperatures: every temperature is >= 0, got {self.temperatures}")
         if problems:
             raise TapsError(f"study {self.name}: " + "; ".join(problems))
 

@@ -75,7 +75,7 @@ def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
     checkpoint = directory / "last.ckpt"
     fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
     return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],
-                outputs=[checkpoint], fingerprint=fingerprint, fit_config=config, steps=study.max_steps)
+                outputs=[checkpoint], fingerprint=fingerprint, fit_config=config, steps=study.max_steps or 0)
 
 
 def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
@@ -84,9 +84,11 @@ def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
     config = json.loads(json.dumps(base))  # a deep copy of plain YAML data
     config["seed_everything"] = study.seed
     trainer = config.setdefault("trainer", {})
-    trainer.update(max_steps=study.max_steps, default_root_dir=str(directory))
-    if isinstance(trainer.get("val_check_interval"), int) and trainer["val_check_interval"] > study.max_steps:
-        trainer["val_check_interval"] = study.max_steps
+    trainer["default_root_dir"] = str(directory)
+    if study.max_steps is not None:  # one step budget for every cell, whatever epochs the config says
+        trainer.update(max_steps=study.max_steps, max_epochs=-1)
+        if isinstance(trainer.get("val_check_interval"), int) and trainer["val_check_interval"] > study.max_steps:
+            trainer["val_check_interval"] = study.max_steps
     logger = trainer.get("logger")
     if isinstance(logger, dict) and "save_dir" in logger.get("init_args", {}):
         logger["init_args"]["save_dir"] = str(directory)

@@ -170,7 +170,7 @@ def _estimate(cells: list[Cell], state: _State, study: Study) -> float | None:
     total = 0.0
     for cell in cells:
         if cell.kind == "fit":
-            rate = state.measured("fit", cell.backbone) or _tiny_rate(study, cell)
+            rate = (state.measured("fit", cell.backbone) or _tiny_rate(study, cell)) if cell.steps else None
             units = cell.steps
         else:
             rate = state.measured("eval") or (TINY_SECONDS_PER_DECODE if study.verifier == "taps-tiny" else None)
@@ -192,9 +192,10 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
     fits = [c for c in cells if c.kind == "fit"]
     evals = [c for c in cells if c.kind == "eval"]
     left = _estimate(todo, state, study)
+    budget = f"{study.max_steps} steps each" if study.max_steps else "each on its config's own budget"
     lines = [f"study {study.name} -> {study.out_dir}",
              f"  {len(fits)} fits ({len(study.backbones)} backbones x {len(study.domains)} domains + {len(study.mixtures)} mixtures, "
-             f"{study.max_steps} steps each), {len(evals)} evals ({study.prompts} prompts x {len(study.benchmarks)} benchmarks "
+             f"{budget}), {len(evals)} evals ({study.prompts} prompts x {len(study.benchmarks)} benchmarks "
              f"x {len(study.temperatures)} temperatures each)",
              f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
              f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}"]
