@@ -149,7 +149,7 @@ def test_empty_benchmark_is_an_error(tmp_path):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: load_benchmark("gsm9k"), r"^unknown benchmark 'gsm9k'; known benchmarks: mt_bench, gsm8k, math500, svamp, chat_heldout, math_heldout, arith_offline, legs_offline$"),
+        (lambda: load_benchmark("gsm9k"), r"^unknown benchmark 'gsm9k'; known benchmarks: mt_bench, gsm8k, math500, svamp, chat_heldout, code_heldout, prose_heldout, math_heldout, arith_offline, legs_offline$"),
         (lambda: make_benchmark("gsm9k"), r"^unknown benchmark 'gsm9k'; known benchmarks: mt_bench, gsm8k"),
         (lambda: load_benchmark("arith_offline:some/file.jsonl"), r"^benchmark arith_offline is generated offline and takes no file"),
         (lambda: load_benchmark("gsm8k:"), r"^benchmark spec 'gsm8k:' has nothing after ':'"),
@@ -165,7 +165,7 @@ def test_bad_names_arguments_and_paths_are_one_line_errors(call, message):
         call()
 
 
-@pytest.fixture(scope="module", params=["chat_heldout", "math_heldout"])
+@pytest.fixture(scope="module", params=["chat_heldout", "code_heldout", "prose_heldout", "math_heldout"])
 def heldout(request):
     """A shipped offline recipe's held-out benchmark with its recipe split, computed independently."""
     benchmark = make_benchmark(request.param)
@@ -180,10 +180,10 @@ def test_heldout_prompts_are_the_recipes_heldout_openings(heldout):
     by_id, kept = {c.id: c for c in selected.heldout}, {p.id for p in prompts}
     assert len(by_id) == len(selected.heldout) and [p.id for p in prompts] == [c.id for c in selected.heldout if c.id in kept]
     for prompt in prompts:
-        conversation = by_id[prompt.id]
-        assert conversation.messages[0]["role"] == "user"
-        assert prompt.turns == [conversation.messages[0]["content"]]
-        assert prompt.reference == conversation.messages[1]["content"]
+        messages = [m for m in by_id[prompt.id].messages if m["role"] != "system"]  # a system prompt is context, not the opening
+        assert messages[0]["role"] == "user"
+        assert prompt.turns == [messages[0]["content"]]
+        assert prompt.reference == messages[1]["content"]
     assert len(prompts) + sum(benchmark.report.problems.values()) == len(selected.heldout) == benchmark.report.records
 
 
@@ -203,6 +203,9 @@ def test_shipped_heldout_sizes(heldout):
     else:  # ShareGPT splits long chats: fragments that open with the assistant are counted, not used
         assert 100 <= len(prompts) < 200
         assert benchmark.report.problems["starts mid-conversation (first turn is not the user's)"] > 0
+    if benchmark.name in ("code_heldout", "prose_heldout"):  # the topic of the whole conversation, not only the opening's reply
+        assert sum("```" in p.reference for p in prompts) > (len(prompts) // 2 if benchmark.name == "code_heldout" else -1)
+        assert benchmark.name == "code_heldout" or not any("```" in p.reference for p in prompts)
 
 
 def test_heldout_recipe_resolves_from_any_directory(tmp_path, monkeypatch):

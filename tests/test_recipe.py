@@ -49,19 +49,20 @@ def test_paper_and_offline_mixtures_are_prefixes_of_their_single_source_recipes(
     """Same source args, seed, held-out size and max length: mixtures reuse the single-source caches."""
     recipes = {p.stem: load_recipe(p) for p in RECIPES}
 
-    def identity(recipe, source):
-        return [(s.source, s.args, s.heldout, s.regenerate, recipe.seed, recipe.max_length) for s in recipe.sources if s.source == source]
-
     for mixture, singles in {
         "mixed_35k_35k": ("mathinstruct_70k", "sharegpt_70k"),
         "mixed_70k_70k": ("mathinstruct_70k", "sharegpt_70k"),
         "tiny_mixed": ("tiny_math", "tiny_chat"),
         "tiny_mixed_large": ("tiny_math", "tiny_chat"),
+        "tiny_mixed3": ("tiny_math", "tiny_prose", "tiny_code"),
     }.items():
         for single in singles:
             source = recipes[single].sources[0]
-            assert identity(recipes[mixture], source.source) == identity(recipes[single], source.source)
-            assert next(s.count for s in recipes[mixture].sources if s.source == source.source) <= source.count
+            matching = [s for s in recipes[mixture].sources if (s.source, s.args) == (source.source, source.args)]
+            assert len(matching) == 1, f"{mixture} has no source like {single}'s"
+            assert [(s.heldout, s.regenerate) for s in matching] == [(source.heldout, source.regenerate)]
+            assert (recipes[mixture].seed, recipes[mixture].max_length) == (recipes[single].seed, recipes[single].max_length)
+            assert matching[0].count <= source.count
 
 
 def test_offline_recipes_fit_their_pools():

@@ -90,7 +90,7 @@ TEMPERATURE = _Field(lambda v: isinstance(v, (int, float)) and not isinstance(v,
 # Type and range of every argument of every source (the dataclasses in taps_train.data.sources); a test
 # keeps this table and the dataclass fields in step.
 SOURCE_ARGS: dict[str, dict[str, _Field]] = {
-    "sharegpt": {"location": NON_EMPTY_STR, "filename": NON_EMPTY_STR, "revision": OPTIONAL_STR},
+    "sharegpt": {"location": NON_EMPTY_STR, "filename": NON_EMPTY_STR, "revision": OPTIONAL_STR, "topic": NON_EMPTY_STR},
     "mathinstruct": {"location": NON_EMPTY_STR, "filename": NON_EMPTY_STR, "revision": OPTIONAL_STR},
     "gsm_symbolic": {"size": POSITIVE_INT, "seed": SEED},
     "jsonl": {"path": NON_EMPTY_STR},

@@ -30,12 +30,14 @@ class ReadReport:
     records: int = 0
     problems: Counter = field(default_factory=Counter)
     truncated_tail_chars: int = 0
+    excluded: Counter = field(default_factory=Counter)  # good records a source's selection leaves out, by reason
 
     def summary(self) -> str:
         parts = [f"{self.records} records read from {self.path}"]
         if self.truncated_tail_chars:
             parts.append(f"truncated tail of {self.truncated_tail_chars} chars skipped")
         parts += [f"{count} skipped: {reason}" for reason, count in sorted(self.problems.items())]
+        parts += [f"{count} left out: {reason}" for reason, count in sorted(self.excluded.items())]
         return "; ".join(parts)
 
 

@@ -40,13 +40,25 @@ def _local_or_hub_file(location: str, filename: str, revision: str | None) -> Pa
 
 
 
+TOPICS = ("all", "code", "prose")
+CODE_FENCE = "```"
+
+
 @dataclass(frozen=True)
 class ShareGPT:
-    """ShareGPT conversations: a hub dataset repo, a local JSON/JSONL file, or `package` (offline copy)."""
+    """ShareGPT conversations: a hub dataset repo, a local JSON/JSONL file, or `package` (offline copy).
+
+    `topic` splits the pool into two domains: `code`, conversations where an assistant turn holds a fenced
+    code block (a third of the offline copy), and `prose`, the others; `all` keeps every conversation."""
 
     location: str = "Aeala/ShareGPT_Vicuna_unfiltered"
     filename: str = "ShareGPT_V4.3_unfiltered_cleaned_split.json"
     revision: str | None = None
+    topic: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.topic not in TOPICS:
+            raise TapsError(f"sharegpt topic must be one of {list(TOPICS)}, got {self.topic!r}")
 
     def path(self) -> Path:
         if self.location == PACKAGE:
@@ -54,10 +66,19 @@ class ShareGPT:
         return _local_or_hub_file(self.location, self.filename, self.revision)
 
     def load(self) -> tuple[list[Conversation], ReadReport]:
-        return read_conversations(self.path())
+        conversations, report = read_conversations(self.path())
+        if self.topic == "all":
+            return conversations, report
+        kept = [c for c in conversations if has_code(c) == (self.topic == "code")]
+        report.excluded[f"not topic {self.topic}"] += len(conversations) - len(kept)
+        return kept, report
 
     def fingerprint(self) -> str:
-        return f"sharegpt:{file_sha256(self.path())}"
+        return f"sharegpt:{file_sha256(self.path())}" + ("" if self.topic == "all" else f":topic={self.topic}")
+
+
+def has_code(conversation: Conversation) -> bool:
+    return any(m["role"] == "assistant" and CODE_FENCE in m["content"] for m in conversation.messages)
 
 
 @dataclass(frozen=True)
@@ -144,4 +165,7 @@ def make_source(name: str, args: dict) -> ShareGPT | MathInstruct | GsmSymbolic 
 
 
 def describe(source: object) -> dict:
-    return {"type": next(k for k, v in SOURCES.items() if isinstance(source, v)), **asdict(source)}
+    fields = asdict(source)
+    if isinstance(source, ShareGPT) and source.topic == "all":
+        del fields["topic"]  # the description (and cache keys) of every ShareGPT source before topics existed
+    return {"type": next(k for k, v in SOURCES.items() if isinstance(source, v)), **fields}

@@ -250,6 +250,22 @@ class ChatHeldout(RecipeHeldout):
 
 
 @dataclass
+class CodeHeldout(RecipeHeldout):
+    """Held-out ShareGPT openings answered with fenced code (the offline code recipe)."""
+
+    name: ClassVar[str] = "code_heldout"
+    recipe: str = "data_recipes/tiny_code.yaml"
+
+
+@dataclass
+class ProseHeldout(RecipeHeldout):
+    """Held-out ShareGPT openings of conversations without code (the offline prose-chat recipe)."""
+
+    name: ClassVar[str] = "prose_heldout"
+    recipe: str = "data_recipes/tiny_prose.yaml"
+
+
+@dataclass
 class MathHeldout(RecipeHeldout):
     """Held-out gsm_symbolic problems of the offline math recipe; reference = chain-of-thought answer."""
 
@@ -301,7 +317,7 @@ class LegsOffline(ReasoningGymSet):
 
 
 BENCHMARKS: dict[str, type[Benchmark]] = {
-    cls.name: cls for cls in (MtBench, Gsm8k, Math500, Svamp, ChatHeldout, MathHeldout, ArithOffline, LegsOffline)
+    cls.name: cls for cls in (MtBench, Gsm8k, Math500, Svamp, ChatHeldout, CodeHeldout, ProseHeldout, MathHeldout, ArithOffline, LegsOffline)
 }
 
 
