@@ -152,3 +152,43 @@ def test_cli_refuses_a_study_file_in_one_line(study, tmp_path, capsys):
     assert exit_info.value.code == 1
     error = capsys.readouterr().err.strip()
     assert error.startswith("taps-train: error: study micro: strategies: ['nope']") and "\n" not in error
+
+
+def fake_report(path: Path, label: str, per_prompt: dict[str, list[tuple[int, int]]]) -> None:
+    """An eval report whose benchmarks hold these (new tokens, verifier calls) per prompt."""
+    from taps_train.eval.intervals import PromptCounts, tau_interval
+    from taps_train.eval.report import BenchmarkResult, EvalReport, Signals, TreeShape
+
+    results = {}
+    for name, counts in per_prompt.items():
+        new, calls = [n for n, _ in counts], [c for _, c in counts]
+        results[name] = BenchmarkResult(sum(new) / sum(calls), sum(calls), sum(new), len(counts), 0, 30.0, (0.6, 0.4), Signals(1.0, 2.0),
+                                        None, 1.0, None, tuple(new), tuple(calls), tau_interval(PromptCounts(new, calls)))
+    average = sum(r.acceptance_length for r in results.values()) / len(results)
+    report = EvalReport("v", (label,), "single", 0.0, TreeShape(60, 5, 10), results, average)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(report.to_json())
+
+
+def test_findings_say_which_orderings_the_intervals_support(study):
+    from taps_train.study.findings import markdown, study_reports
+
+    study.temperatures = [0.0]
+    out = study.out_dir / "eval" / "eagle2"
+    strong = [(30 + i % 7, 10) for i in range(20)]  # τ about 3.3 on every prompt
+    weak = [(n - 5, c) for n, c in strong]  # half a token less per call on every prompt
+    noisy = [(n + (8 if i % 2 else -8), c) for i, (n, c) in enumerate(strong)]  # same mean, prompt-level noise
+    fake_report(out / "a.json", "a", {"gsm8k": strong, "mt_bench": weak})
+    fake_report(out / "b.json", "b", {"gsm8k": weak, "mt_bench": strong})
+    fake_report(out / "route-confidence.json", "route-confidence", {"gsm8k": strong, "mt_bench": strong})
+    fake_report(out / "merge.json", "merge", {"gsm8k": noisy, "mt_bench": noisy})
+    fake_report(out / "route-entropy.json", "route-entropy", {"gsm8k": [(n + 3, c) for n, c in strong], "mt_bench": strong})
+    text = markdown(study, study_reports(study))
+    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| RQ1 | eagle2 | 0 | b > a | mt_bench | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| RQ3 | eagle2 | 0 | route-confidence > a | average | +0.250 [+0.250, +0.250] | supported |" in text
+    merge = next(line for line in text.splitlines() if "merge > route-confidence" in line)
+    assert merge.endswith("| not resolved |")
+    assert "| RQ4 | eagle2 | 0 | route-confidence > route-entropy | average | -0.150 [-0.150, -0.150] | contradicted |" in text
+    assert "| eagle2 | 0 | a | gsm8k | 1.00 / 2.00 | 0.60 0.40 |" in text
+    assert "> average |" not in text  # no uniform-average report: that claim is left out, not guessed

@@ -101,7 +101,28 @@ def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport]) ->
         "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
         "",
+        "Point estimates without intervals (the reports pool these over rounds, not per prompt): RQ4, draft entropy of "
+        "accepted vs rejected tokens; RQ5, acceptance rate by depth of each specialist on its own domain and of the "
+        "other specialists there.",
+        "",
+        "| backbone | T | drafter | on | entropy accepted / rejected | acceptance rate by depth |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *_signal_rows(study, reports),
+        "",
     ])
+
+
+def _signal_rows(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[str]:
+    rows = []
+    for (backbone, label, temperature), report in sorted(reports.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+        if label not in study.domains:
+            continue
+        for name, result in report.benchmarks.items():
+            entropy = result.draft_entropy
+            shown = "–" if entropy is None else " / ".join("–" if v is None else f"{v:.2f}" for v in (entropy.accepted, entropy.rejected))
+            depths = " ".join(f"{rate:.2f}" for rate in result.accept_rate_by_depth)
+            rows.append(f"| {backbone} | {temperature:g} | {label} | {name} | {shown} | {depths} |")
+    return rows
 
 
 def write_findings(study: Study, report_md: Path) -> None:
