@@ -277,6 +277,7 @@ def run_study_command(args: list[str]) -> None:
 
     from taps_train.eval.plots import write_report
     from taps_train.study import Study, run_study
+    from taps_train.study.config import check_study_file
     from taps_train.study.findings import write_findings
     from taps_train.study.plan import eval_dir
 
@@ -285,6 +286,9 @@ def run_study_command(args: list[str]) -> None:
     parser.add_argument("--config", action=ActionConfigFile, help="a study YAML (see configs/study/)")
     parser.add_class_arguments(Study)
     parser.add_argument("--dry-run", action="store_true", help="print the plan (cells done / to do) and its estimated time; run nothing")
+    for flag, value in zip(args, args[1:]):
+        if flag == "--config":
+            check_study_file(value)
     options = parser.parse_args(args)
     study = Study(**{key: value for key, value in parser.instantiate(options).items() if key not in ("config", "dry_run", "__path__")})
     run_study(study, dry_run=options.dry_run)

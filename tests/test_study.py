@@ -122,13 +122,16 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"mixtures": {"a": "x.yaml"}}, "share a name"),
     ({"mixtures": {"m": "missing.yaml"}}, "mixtures.m: missing.yaml does not exist"),
     ({"backbones": {"../up": "eagle2.yaml"}}, "names become folder names"),
+    ({"domains": {"a": Domain("a.yaml", ["gsm9k"]), "b": Domain("b.yaml", ["mt_bench"])}}, "unknown benchmark 'gsm9k'"),
+    ({"domains": {"a": Domain("a.yaml", ["gsm8k:nowhere.jsonl"]), "b": Domain("b.yaml", ["mt_bench"])}}, "nowhere.jsonl does not exist"),
+    ({"out_root": "/dev/null/studies"}, "cannot create the study folder /dev/null/studies/micro"),
 ])
 def test_bad_studies_are_refused_before_anything_runs(study, change, message):
     for key, value in change.items():
         setattr(study, key, value)
     with pytest.raises(TapsError, match=message):
         run_study(study)
-    assert not study.out_dir.exists()
+    assert not study.out_dir.is_dir()
 
 
 def test_three_domains_refuse_a_lambda_sweep_and_a_backbone_file_must_be_a_fit_config(study, tmp_path):
@@ -192,3 +195,20 @@ def test_findings_say_which_orderings_the_intervals_support(study):
     assert "| RQ4 | eagle2 | 0 | route-confidence > route-entropy | average | -0.150 [-0.150, -0.150] | contradicted |" in text
     assert "| eagle2 | 0 | a | gsm8k | 1.00 / 2.00 | 0.60 0.40 |" in text
     assert "> average |" not in text  # no uniform-average report: that claim is left out, not guessed
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read study file"),
+    ("root:x:0:0:root:/root:/bin/bash\n", "is not a YAML mapping of study keys"),
+    ("name: [unclosed\n", "is not valid YAML"),
+    ("- a\n- b\n", "is not a YAML mapping"),
+])
+def test_a_study_file_that_is_not_a_study_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "s.yaml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["study", "--config", str(path)])
+    assert exit_info.value.code == 1
+    error = capsys.readouterr().err.strip()
+    assert message in error and str(path) in error and "\n" not in error and "root:x" not in error

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from taps_train.errors import TapsError
+from taps_train.eval.benchmarks import BENCHMARKS
 from taps_train.spec.strategies import STRATEGIES
 
 
@@ -80,10 +81,17 @@ class Study:
         for name, domain in self.domains.items():
             if not domain.benchmarks:
                 problems.append(f"domains.{name}.benchmarks: name at least one held-out benchmark")
+            for spec in domain.benchmarks:
+                benchmark, _, path = spec.partition(":")
+                if benchmark not in BENCHMARKS:
+                    problems.append(f"domains.{name}.benchmarks: unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+                elif path and not Path(path).is_file():
+                    problems.append(f"domains.{name}.benchmarks: {spec}: {path} does not exist")
         files = {f"domains.{n}.recipe": d.recipe for n, d in self.domains.items()}
         files |= {f"mixtures.{n}": path for n, path in self.mixtures.items()}
         files |= {f"backbones.{n}": path for n, path in self.backbones.items()}
-        problems += [f"{key}: {path} does not exist" for key, path in files.items() if not Path(path).is_file()]
+        problems += [f"{key}: {path} does not exist (relative paths start at the current directory)"
+                     for key, path in files.items() if not Path(path).is_file()]
         problems += [f"backbones.{n}: {path} is not a fit config with model and data sections"
                      for n, path in self.backbones.items() if Path(path).is_file() and not _is_fit_config(path)]
         known = sorted({*STRATEGIES, "average"} - {"single"})
@@ -100,6 +108,18 @@ class Study:
             problems.append(f"temperatures: every temperature is >= 0, got {self.temperatures}")
         if problems:
             raise TapsError(f"study {self.name}: " + "; ".join(problems))
+
+
+def check_study_file(path: str) -> None:
+    """A readable YAML mapping, or one line naming the file (before jsonargparse, which would print a foreign file)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise TapsError(f"cannot read study file {path}: {err.strerror or err}; pass a study YAML (see configs/study/)") from err
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:
+        raise TapsError(f"study file {path} is not valid YAML ({type(err).__name__}); pass a study YAML (see configs/study/)") from err
+    if not isinstance(data, dict):
+        raise TapsError(f"study file {path} is not a YAML mapping of study keys (name, domains, backbones, ...); see configs/study/")
 
 
 def _is_fit_config(path: str) -> bool:

@@ -38,6 +38,10 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
     console.print(_plan_text(study, cells, todo, _State(study.out_dir)))
     if dry_run or not todo:
         return []
+    try:
+        study.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TapsError(f"cannot create the study folder {study.out_dir}: {err.strerror or err}; set out_root to a writable folder") from err
     with exclusive(study.out_dir / ".lock", f"another run of study {study.name}"):
         state = _State(study.out_dir)
         todo = [cell for cell in cells if not state.finished(cell)]  # what another run finished meanwhile
