@@ -740,6 +740,86 @@ case("report", "out_is_file", lambda c: ["report", c.report, "--out", c.p("f.txt
      names=lambda c: [c.p("f.txt"), "f.txt", "--out"])
 
 
+# ------------------------------------------------------------------------------------------------ study
+
+def study_files(ctx: Ctx) -> None:
+    """A recipe, a fit config and two benchmark files a valid study can name."""
+    write(ctx.d / "r.yaml", recipe_text(ctx.good_data, count=3))
+    write(ctx.d / "fit.yaml", f"model:\n  class_path: taps_train.training.Eagle2Module\n  init_args: {{verifier: {ctx.verifier}}}\n"
+          "data:\n  class_path: taps_train.data.datamodule.DrafterDataModule\n  init_args: {recipe: r.yaml}\n")
+
+
+def study_data(ctx: Ctx) -> dict:
+    bench = str(ctx.root / "bench.jsonl")
+    return {"name": "s", "verifier": ctx.verifier, "out_root": str(ctx.d / "out"), "backbones": {"eagle2": str(ctx.d / "fit.yaml")},
+            "domains": {"a": {"recipe": str(ctx.d / "r.yaml"), "benchmarks": [f"gsm8k:{bench}"]},
+                        "b": {"recipe": str(ctx.d / "r.yaml"), "benchmarks": [f"svamp:{bench}"]}},
+            "max_steps": 2, "prompts": 1, "max_new_tokens": 4}
+
+
+def study_case(name: str, content, expect: str = "error", extra: tuple[str, ...] = ("--dry-run",), field: str | None = None) -> None:
+    """`content`: the study file's text or bytes, a change to the valid study's data, or None (no file)."""
+    def files(ctx: Ctx) -> None:
+        study_files(ctx)
+        if content is None:
+            return
+        if callable(content):
+            data = study_data(ctx)
+            content(data, ctx)
+            write(ctx.d / "s.yaml", json.dumps(data))
+        else:
+            write(ctx.d / "s.yaml", content)
+    case("study", name, lambda c: ["study", "--config", c.p("s.yaml"), *extra], files, expect,
+         names=lambda c: [c.p("s.yaml"), "s.yaml", *([field] if field else [])])
+
+
+def setting_study(key, value):
+    return lambda data, ctx: data.__setitem__(key, value(ctx) if callable(value) else value)
+
+
+study_case("good_dry_run", lambda data, ctx: None, "ok")
+study_case("missing_file", None)
+study_case("empty_file", "")
+study_case("garbage", b"\x00\xff\xfe garbage")
+study_case("a_list", "- a\n- b\n")
+study_case("a_string", "just words\n")
+study_case("invalid_yaml", "name: [unclosed\n")
+study_case("passwd_like", "root:x:0:0:root:/root:/bin/bash\n")
+study_case("no_name", lambda data, ctx: data.pop("name"))
+study_case("no_domains", lambda data, ctx: data.pop("domains"))
+study_case("domains_list", setting_study("domains", [1, 2]))
+study_case("one_domain", lambda data, ctx: data["domains"].pop("b"))
+study_case("domain_without_recipe", lambda data, ctx: data["domains"]["a"].pop("recipe"))
+study_case("benchmarks_string", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", "gsm8k"), "either")
+study_case("benchmarks_empty", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", []))
+study_case("unknown_benchmark", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", ["gsm9k"]))
+study_case("benchmark_file_missing", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", ["gsm8k:/no/such.jsonl"]))
+study_case("recipe_missing", lambda data, ctx: data["domains"]["a"].__setitem__("recipe", "/no/such/recipe.yaml"))
+study_case("backbone_missing", setting_study("backbones", {"eagle2": "/no/such/fit.yaml"}))
+study_case("backbone_a_list", lambda data, ctx: (write(ctx.d / "fit.yaml", "- x\n"), None)[1])
+study_case("backbone_binary", lambda data, ctx: (write(ctx.d / "fit.yaml", b"\x00\xff"), None)[1])
+study_case("backbones_empty", setting_study("backbones", {}))
+study_case("strategy_unknown", setting_study("strategies", ["vote"]))
+study_case("strategy_single", setting_study("strategies", ["single"]))
+study_case("lambda_above_one", setting_study("lambdas", [1.5]))
+study_case("lambdas_three_domains", lambda data, ctx: (data["domains"].__setitem__("c", dict(data["domains"]["a"])),
+                                                       data.__setitem__("lambdas", [0.5])))
+study_case("max_steps_zero", setting_study("max_steps", 0))
+study_case("max_steps_negative", setting_study("max_steps", -3))
+study_case("max_steps_string", setting_study("max_steps", "many"))
+study_case("prompts_zero", setting_study("prompts", 0))
+study_case("temperature_negative", setting_study("temperatures", [-1.0]))
+study_case("temperatures_empty", setting_study("temperatures", []))
+study_case("tree_depth_string", setting_study("tree", {"depth": "deep"}))
+study_case("name_with_slash", setting_study("name", "../escape"))
+study_case("name_empty", setting_study("name", ""))
+study_case("mixture_named_like_domain", setting_study("mixtures", {"a": "x.yaml"}))
+study_case("unknown_key", setting_study("max_step", 3))
+study_case("out_root_under_a_file", setting_study("out_root", lambda ctx: str(ctx.root / "bench.jsonl")), extra=(), field="out_root")
+case("study", "override_bad_type", lambda c: ["study", "--config", c.p("s.yaml"), "--prompts", "many", "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c)))), names=lambda c: [c.p("s.yaml"), "prompts"])
+
+
 # ------------------------------------------------------------------------------------------------ setup
 
 def build_verifier(path: Path) -> Path:
@@ -927,7 +1007,7 @@ def table(results: list[dict]) -> str:
 
 def main_cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", default=None, help="families to run: data recipe verifier checkpoint eval export average report")
+    parser.add_argument("--only", nargs="+", default=None, help="families to run: data recipe verifier checkpoint eval export average report study")
     parser.add_argument("--json", default=None, help="save every result here")
     parser.add_argument("--keep", action="store_true", help="keep the temp directory")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per case")

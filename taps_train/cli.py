@@ -273,7 +273,7 @@ def run_report_command(args: list[str]) -> None:
 
 
 def run_study_command(args: list[str]) -> None:
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
     from taps_train.eval.plots import write_report
     from taps_train.study import Study, run_study
@@ -282,15 +282,22 @@ def run_study_command(args: list[str]) -> None:
     from taps_train.study.plan import eval_dir
 
     parser = ArgumentParser(prog="taps-train study", description=TOOL_COMMANDS["study"] + ". Any key of the YAML can be overridden, "
-                            "e.g. --max_steps 100.")
+                            "e.g. --max_steps 100.", exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="a study YAML (see configs/study/)")
     parser.add_class_arguments(Study)
     parser.add_argument("--dry-run", action="store_true", help="print the plan (cells done / to do) and its estimated time; run nothing")
-    for flag, value in zip(args, args[1:]):
-        if flag == "--config":
-            check_study_file(value)
-    options = parser.parse_args(args)
+    files = [value for flag, value in zip(args, args[1:]) if flag == "--config"]
+    for path in files:
+        check_study_file(path)
+    try:
+        options = parser.parse_args(args)
+    except ArgumentError as err:  # jsonargparse's message spans lines: one line, naming the study file
+        raise TapsError(f"study {', '.join(files) or '(no --config)'}: {' '.join(str(err).split())}; see taps-train study --help") from None
     study = Study(**{key: value for key, value in parser.instantiate(options).items() if key not in ("config", "dry_run", "__path__")})
+    try:
+        study.check()
+    except TapsError as err:
+        raise TapsError(f"{err} (study file {', '.join(files)})" if files else str(err)) from None
     run_study(study, dry_run=options.dry_run)
     if options.dry_run:
         return

@@ -75,7 +75,7 @@ class Study:
         names = [*self.domains, *self.mixtures]
         if len(set(names)) != len(names):
             problems.append(f"domains and mixtures share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
-        for name in [*names, *self.backbones]:
+        for name in [self.name, *names, *self.backbones]:
             if not name.replace("_", "").replace("-", "").isalnum():
                 problems.append(f"{name!r}: names become folder names; use letters, digits, - and _")
         for name, domain in self.domains.items():
