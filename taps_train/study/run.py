@@ -27,7 +27,8 @@ from taps_train.study.plan import Cell, plan
 # Seconds per training step (4k-token batches) and per decoded prompt on the tiny verifier, 2 CPU cores
 # (bench/train.py and the issue-13 evaluations); other verifiers get counts only until cells have run.
 TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.9, "HassModule": 1.3, "Eagle3Module": 3.2}
-TINY_SECONDS_PER_DECODE = 2.0
+TINY_SECONDS_PER_DECODE = 1.6
+TINY_SECONDS_PER_PROCESS = {"fit": 60.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
 
 
 def run_study(study: Study, dry_run: bool = False, console: Console | None = None,
@@ -173,21 +174,24 @@ def _estimate(cells: list[Cell], state: _State, study: Study) -> float | None:
     """Seconds the cells will take: measured rates of this study's finished cells, else the tiny verifier's."""
     total = 0.0
     for cell in cells:
-        if cell.kind == "fit":
-            rate = (state.measured("fit", cell.backbone) or _tiny_rate(study, cell)) if cell.steps else None
-            units = cell.steps
-        else:
-            rate = state.measured("eval") or (TINY_SECONDS_PER_DECODE if study.verifier == "taps-tiny" else None)
-            units = cell.decodes
-        if rate is None:
+        units = cell.steps if cell.kind == "fit" else cell.decodes
+        measured = state.measured(cell.kind, cell.backbone if cell.kind == "fit" else None)
+        if measured is not None and units:
+            total += measured * units  # finished cells' seconds include their start-up
+            continue
+        prior = _tiny_rate(study, cell) if units else None
+        if prior is None:
             return None
-        total += rate * units
+        total += prior * units + TINY_SECONDS_PER_PROCESS[cell.kind]
     return total
 
 
 def _tiny_rate(study: Study, cell: Cell) -> float | None:
+    """Seconds per step or decoded prompt on the tiny verifier; None for other verifiers."""
     if study.verifier != "taps-tiny":
         return None
+    if cell.kind == "eval":
+        return TINY_SECONDS_PER_DECODE
     module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
     return TINY_SECONDS_PER_STEP.get(module)
 
