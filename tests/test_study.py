@@ -212,3 +212,24 @@ def test_a_study_file_that_is_not_a_study_is_one_line(tmp_path, capsys, content,
     assert exit_info.value.code == 1
     error = capsys.readouterr().err.strip()
     assert message in error and str(path) in error and "\n" not in error and "root:x" not in error
+
+
+def test_an_interrupted_fit_resumes_from_its_last_checkpoint_unless_its_inputs_changed(study):
+    from taps_train.study.plan import plan
+    from taps_train.study.run import _prepare_fit, _State
+
+    cell = plan(study)[0]
+    directory = cell.config_path.parent
+    directory.mkdir(parents=True)
+    (directory / "last.ckpt").write_bytes(b"step 100")
+    (directory / "epoch=0-step=100.ckpt").write_bytes(b"step 100")
+    (directory / "started.json").write_text(json.dumps({"fingerprint": cell.fingerprint}))
+    args = list(cell.args)
+    _prepare_fit(cell, _State(study.out_dir), args)
+    assert args[-2:] == ["--ckpt_path", str(directory / "last.ckpt")] and (directory / "last.ckpt").exists()
+    assert yaml.safe_load(cell.config_path.read_text())["data"]["init_args"]["recipe"] == study.domains["a"].recipe
+
+    (directory / "started.json").write_text(json.dumps({"fingerprint": "another recipe"}))
+    args = list(cell.args)
+    _prepare_fit(cell, _State(study.out_dir), args)
+    assert "--ckpt_path" not in args and not list(directory.glob("*.ckpt"))  # a stale run is not resumed with new inputs

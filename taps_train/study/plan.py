@@ -29,8 +29,9 @@ class Cell:
     backbone: str
     label: str  # the training set (fit) or the evaluated variant (eval)
     args: list[str]
-    outputs: list[Path]
+    outputs: list[Path]  # a fit's last checkpoint (a file, or a DeepSpeed checkpoint directory); an eval's reports
     fingerprint: str
+    log: Path
     needs: list[str] = field(default_factory=list)
     fit_config: dict | None = None  # written to `config_path` before a fit runs
     steps: int = 0
@@ -75,7 +76,7 @@ def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
     checkpoint = directory / "last.ckpt"
     fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
     return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],
-                outputs=[checkpoint], fingerprint=fingerprint, fit_config=config, steps=study.max_steps or 0)
+                outputs=[checkpoint], fingerprint=fingerprint, log=directory / "fit.log", fit_config=config, steps=study.max_steps or 0)
 
 
 def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
@@ -115,7 +116,7 @@ def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], st
     outputs = [report_path(output, t, len(study.temperatures)) for t in study.temperatures]
     fingerprint = _hash({"options": options, "drafters": [d.fingerprint for d in drafters]})
     return Cell(key=f"eval_{backbone}_{label}", kind="eval", backbone=backbone, label=label, args=args, outputs=outputs,
-                fingerprint=fingerprint, needs=[d.key for d in drafters],
+                fingerprint=fingerprint, log=study.out_dir / "logs" / f"eval_{backbone}_{label}.log", needs=[d.key for d in drafters],
                 decodes=study.prompts * len(study.benchmarks) * len(study.temperatures))
 
 

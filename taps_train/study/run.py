@@ -9,6 +9,7 @@ outputs exist; an interrupted fit resumes from its last checkpoint when its fing
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,7 +86,7 @@ class _State:
 
     def finished(self, cell: Cell) -> bool:
         record = self.read(cell)
-        return bool(record) and record.get("fingerprint") == cell.fingerprint and all(p.is_file() for p in cell.outputs)
+        return bool(record) and record.get("fingerprint") == cell.fingerprint and all(p.exists() for p in cell.outputs)
 
     def record(self, cell: Cell, seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ class _State:
 
 
 def _run_cell(cell: Cell, state: _State) -> float:
-    log = cell.outputs[0].parent.parent / "logs" / f"{cell.key}.log" if cell.kind == "eval" else cell.outputs[0].parent / "fit.log"
+    log = cell.log
     log.parent.mkdir(parents=True, exist_ok=True)
     args = list(cell.args)
     if cell.kind == "fit":
@@ -124,7 +125,7 @@ def _run_cell(cell: Cell, state: _State) -> float:
     if result.returncode != 0:
         raise TapsError(f"study cell {cell.key} failed (exit {result.returncode}): {_last_line(log)}; see {log}. "
                         "Fix it and run the study again: finished cells are kept")
-    missing = [str(p) for p in cell.outputs if not p.is_file()]
+    missing = [str(p) for p in cell.outputs if not p.exists()]
     if missing:
         raise TapsError(f"study cell {cell.key} finished without writing {missing}; see {log}")
     return time.monotonic() - began
@@ -136,11 +137,11 @@ def _prepare_fit(cell: Cell, state: _State, args: list[str]) -> None:
     directory = cell.config_path.parent
     previous = state.read(cell) or _read_started(directory)
     last = directory / "last.ckpt"
-    if last.is_file() and previous and previous.get("fingerprint") == cell.fingerprint:
+    if last.exists() and previous and previous.get("fingerprint") == cell.fingerprint:
         args += ["--ckpt_path", str(last)]
     else:
         for stale in directory.glob("*.ckpt"):
-            stale.unlink()
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()  # DeepSpeed checkpoints are directories
     directory.mkdir(parents=True, exist_ok=True)
     cell.config_path.write_text(yaml.safe_dump(cell.fit_config, sort_keys=False))
     (directory / "started.json").write_text(json.dumps({"fingerprint": cell.fingerprint}))
