@@ -25,11 +25,12 @@ from taps_train.errors import TapsError
 from taps_train.study.config import Study
 from taps_train.study.plan import Cell, plan
 
-# Seconds per training step (4k-token batches) and per decoded prompt on the tiny verifier, 2 CPU cores
-# (bench/train.py and the issue-13 evaluations); other verifiers get counts only until cells have run.
-TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.9, "HassModule": 1.3, "Eagle3Module": 3.2}
-TINY_SECONDS_PER_DECODE = 1.6
-TINY_SECONDS_PER_PROCESS = {"fit": 60.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
+# Seconds per training step (4k-token batches) and per decoded prompt (64 new tokens) on the tiny verifier,
+# 2 CPU cores, measured with the tiny configs (150-step fits, 60-prompt evaluations); other verifiers get
+# counts only until cells of the study have run.
+TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.3, "HassModule": 1.5, "Eagle3Module": 2.7}
+TINY_SECONDS_PER_DECODE = 1.5
+TINY_SECONDS_PER_PROCESS = {"fit": 45.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
 
 
 def run_study(study: Study, dry_run: bool = False, console: Console | None = None,
@@ -192,7 +193,7 @@ def _tiny_rate(study: Study, cell: Cell) -> float | None:
     if study.verifier != "taps-tiny":
         return None
     if cell.kind == "eval":
-        return TINY_SECONDS_PER_DECODE
+        return TINY_SECONDS_PER_DECODE * study.max_new_tokens / 64
     module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
     return TINY_SECONDS_PER_STEP.get(module)
 
