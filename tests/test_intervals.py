@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 
 from taps_train.errors import TapsError
-from taps_train.eval.intervals import PromptCounts, paired_difference_interval, tau_interval
+from taps_train.eval.intervals import (
+    PromptCounts,
+    paired_difference_interval,
+    tau_interval,
+)
 from taps_train.eval.report import read_report
 from tests.test_report_reading import valid
 
@@ -62,8 +66,8 @@ def test_paired_difference_resolves_what_separate_intervals_do_not():
     rng = np.random.default_rng(2)
     new, calls = simulated_prompts(rng, 20, mean_tau=3.0)
     a, b = PromptCounts(new, calls), PromptCounts(new - calls // 5, calls)
-    a_low, a_high = tau_interval(a)
-    b_low, b_high = tau_interval(b)
+    a_low, _ = tau_interval(a)
+    _, b_high = tau_interval(b)
     assert a_low < b_high  # the separate intervals overlap
     low, high = paired_difference_interval([(a, b)])
     assert 0 < low <= high  # the paired one excludes 0

@@ -47,38 +47,36 @@ def study_reports(study: Study) -> dict[tuple[str, str, float], EvalReport]:
 
 
 def claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[Claim]:
-    """RQ1: the matched specialist beats each other one on its domain's benchmarks. RQ2: a mixture beats the
-    unmatched specialist on every benchmark (robust), and the matched specialist beats the mixture (not uniformly
-    better). RQ3: best single > uniform average, route-confidence > best single, merge > route-confidence (on the
-    average over benchmarks). RQ4: route-confidence > route-entropy."""
+    """Every ordering of `orderings` that both reports behind it can check, per backbone and temperature."""
     found = []
     for backbone in study.backbones:
         for temperature in study.temperatures:
-            def compare(question: str, better: str, worse: str, benchmarks: Sequence[str]) -> None:
+            best = _best_single(backbone, temperature, list(study.domains), reports)
+            for question, better, worse, benchmarks in orderings(study, best):
                 a, b = reports.get((backbone, better, temperature)), reports.get((backbone, worse, temperature))
                 claim = _claim(question, backbone, temperature, better, a, worse, b, benchmarks)
                 if claim is not None:
                     found.append(claim)
-
-            domains = list(study.domains)
-            for domain in domains:
-                for benchmark in map(benchmark_name, study.domains[domain].benchmarks):
-                    for other in domains:
-                        if other != domain:
-                            compare("RQ1", domain, other, [benchmark])
-                    for mixture in study.mixtures:
-                        compare("RQ2", domain, mixture, [benchmark])
-                        for other in domains:
-                            if other != domain:
-                                compare("RQ2", mixture, other, [benchmark])
-            everything = [benchmark_name(spec) for spec in study.benchmarks]
-            best = _best_single(backbone, temperature, domains, reports)
-            if best is not None:
-                compare("RQ3", best, "average", everything)
-                compare("RQ3", "route-confidence", best, everything)
-            compare("RQ3", "merge", "route-confidence", everything)
-            compare("RQ4", "route-confidence", "route-entropy", everything)
     return found
+
+
+def orderings(study: Study, best_single: str | None) -> list[tuple[str, str, str, list[str]]]:
+    """(question, better, worse, benchmarks) the paper claims. RQ1: the matched specialist beats each other one on
+    its domain's benchmarks. RQ2: the matched specialist beats a mixture (not uniformly better) and the mixture
+    beats the unmatched specialists (robust). RQ3: best single > uniform average, route-confidence > best single,
+    merge > route-confidence, on the average over benchmarks. RQ4: route-confidence > route-entropy."""
+    claimed = []
+    for domain, spec in study.domains.items():
+        others = [other for other in study.domains if other != domain]
+        for benchmark in map(benchmark_name, spec.benchmarks):
+            claimed += [("RQ1", domain, other, [benchmark]) for other in others]
+            for mixture in study.mixtures:
+                claimed.append(("RQ2", domain, mixture, [benchmark]))
+                claimed += [("RQ2", mixture, other, [benchmark]) for other in others]
+    everything = [benchmark_name(spec) for spec in study.benchmarks]
+    if best_single is not None:
+        claimed += [("RQ3", best_single, "average", everything), ("RQ3", "route-confidence", best_single, everything)]
+    return claimed + [("RQ3", "merge", "route-confidence", everything), ("RQ4", "route-confidence", "route-entropy", everything)]
 
 
 def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> str:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -33,8 +32,7 @@ TINY_SECONDS_PER_DECODE = 1.5
 TINY_SECONDS_PER_PROCESS = {"fit": 45.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
 
 
-def run_study(study: Study, dry_run: bool = False, console: Console | None = None,
-              after_cell: Callable[[Cell], None] | None = None) -> list[Cell]:
+def run_study(study: Study, dry_run: bool = False, console: Console | None = None) -> list[Cell]:
     """Run (or, with `dry_run`, print) every unfinished cell; returns the cells that ran."""
     console = console or Console(stderr=True)
     cells, todo = unfinished(study)
@@ -56,8 +54,6 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
             left = _estimate(todo[index + 1:], state, study)
             console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
                           f"{_clock(time.monotonic() - began)}, about {_clock(left) if left is not None else '?'} left")
-            if after_cell is not None:
-                after_cell(cell)
     return todo
 
 
@@ -214,6 +210,6 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
 
 
 def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
