@@ -227,9 +227,27 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint_unless_its_inputs_c
     args = list(cell.args)
     _prepare_fit(cell, _State(study.out_dir), args)
     assert args[-2:] == ["--ckpt_path", str(directory / "last.ckpt")] and (directory / "last.ckpt").exists()
+    assert cell.outputs == [directory / "final.ckpt"]
     assert yaml.safe_load(cell.config_path.read_text())["data"]["init_args"]["recipe"] == study.domains["a"].recipe
 
     (directory / "started.json").write_text(json.dumps({"fingerprint": "another recipe"}))
     args = list(cell.args)
     _prepare_fit(cell, _State(study.out_dir), args)
     assert "--ckpt_path" not in args and not list(directory.glob("*.ckpt"))  # a stale run is not resumed with new inputs
+
+
+def test_the_final_checkpoint_holds_the_last_step_when_last_ckpt_lags(study, random_verifier_dir, tmp_path):
+    """max_steps 3 with a checkpoint every 2 steps: Lightning's last.ckpt is step 2; final.ckpt is step 3."""
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from taps_train.training import Eagle2Module
+    from taps_train.training.final_checkpoint import FinalCheckpoint
+    from tests.test_eval import fit
+
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=2, save_last=True, save_top_k=-1),
+                 FinalCheckpoint(str(tmp_path / "ck" / "final.ckpt"))]
+    fit(Eagle2Module(verifier=str(random_verifier_dir)), study.domains["a"].recipe, random_verifier_dir, tmp_path, callbacks,
+        steps=3, limit_val_batches=0)
+    steps = {name: torch.load(tmp_path / "ck" / name, weights_only=False)["global_step"] for name in ("last.ckpt", "final.ckpt")}
+    assert steps == {"last.ckpt": 2, "final.ckpt": 3}
