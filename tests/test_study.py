@@ -68,6 +68,19 @@ def study_yaml(study: Study, path: Path) -> Path:
     return path
 
 
+def cell_processes(study: Study) -> list[str]:
+    """Command lines of live processes working on this study's files."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(study.out_dir) in text and "pytest" not in text:
+            found.append(text)
+    return found
+
+
 @pytest.mark.integration  # seven `taps-train` processes: ~1-2 minutes on 2 cores
 def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, tmp_path):
     config = study_yaml(study, tmp_path / "study.yaml")
@@ -80,6 +93,10 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
     assert first_fit.exists(), "the first fit never finished"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + 60
+    while cell_processes(study) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not cell_processes(study), "a cell's process outlived the study"
     cells, todo = unfinished(study)
     assert cells[0].key == "fit_eagle2_a" and cells[0] not in todo and len(todo) < len(cells)
     first = json.loads(first_fit.read_text())
@@ -227,7 +244,8 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint_unless_its_inputs_c
     args = list(cell.args)
     _prepare_fit(cell, _State(study.out_dir), args)
     assert args[-2:] == ["--ckpt_path", str(directory / "last.ckpt")] and (directory / "last.ckpt").exists()
-    assert cell.outputs == [directory / "final.ckpt"]
+    assert cell.outputs == [directory / "last.ckpt"]
+    assert [c["class_path"] for c in cell.fit_config["trainer"]["callbacks"]] == ["taps_train.training.checkpointing.LastCheckpoint"]
     assert yaml.safe_load(cell.config_path.read_text())["data"]["init_args"]["recipe"] == study.domains["a"].recipe
 
     (directory / "started.json").write_text(json.dumps({"fingerprint": "another recipe"}))
@@ -236,18 +254,19 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint_unless_its_inputs_c
     assert "--ckpt_path" not in args and not list(directory.glob("*.ckpt"))  # a stale run is not resumed with new inputs
 
 
-def test_the_final_checkpoint_holds_the_last_step_when_last_ckpt_lags(study, random_verifier_dir, tmp_path):
-    """max_steps 3 with a checkpoint every 2 steps: Lightning's last.ckpt is step 2; final.ckpt is step 3."""
+def test_last_ckpt_holds_the_final_step_even_when_the_budget_is_not_a_multiple_of_the_interval(study, random_verifier_dir, tmp_path):
+    """max_steps 3 with a checkpoint every 2 steps: Lightning's own last.ckpt stays at step 2, LastCheckpoint's is step 3."""
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from taps_train.training import Eagle2Module
-    from taps_train.training.final_checkpoint import FinalCheckpoint
+    from taps_train.training.checkpointing import LastCheckpoint
     from tests.test_eval import fit
 
-    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ck", every_n_train_steps=2, save_last=True, save_top_k=-1),
-                 FinalCheckpoint(str(tmp_path / "ck" / "final.ckpt"))]
-    fit(Eagle2Module(verifier=str(random_verifier_dir)), study.domains["a"].recipe, random_verifier_dir, tmp_path, callbacks,
-        steps=3, limit_val_batches=0)
-    steps = {name: torch.load(tmp_path / "ck" / name, weights_only=False)["global_step"] for name in ("last.ckpt", "final.ckpt")}
-    assert steps == {"last.ckpt": 2, "final.ckpt": 3}
+    steps = {}
+    for callback in (ModelCheckpoint, LastCheckpoint):
+        directory = tmp_path / callback.__name__
+        fit(Eagle2Module(verifier=str(random_verifier_dir)), study.domains["a"].recipe, random_verifier_dir, directory,
+            [callback(dirpath=directory, every_n_train_steps=2, save_last=True, save_top_k=-1)], steps=3, limit_val_batches=0)
+        steps[callback.__name__] = torch.load(directory / "last.ckpt", weights_only=False)["global_step"]
+    assert steps == {"ModelCheckpoint": 2, "LastCheckpoint": 3}

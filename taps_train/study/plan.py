@@ -17,9 +17,8 @@ import yaml
 from taps_train.eval.command import report_path
 from taps_train.study.config import Study
 
-CHECKPOINT_CALLBACK = "lightning.pytorch.callbacks.ModelCheckpoint"
-FINAL_CALLBACK = "taps_train.training.final_checkpoint.FinalCheckpoint"
-FINAL = "final.ckpt"
+LAST_CHECKPOINT = "taps_train.training.checkpointing.LastCheckpoint"
+CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", LAST_CHECKPOINT)
 
 
 @dataclass
@@ -75,15 +74,15 @@ def _training_sets(study: Study) -> dict[str, str]:
 def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
     directory = fit_dir(study, backbone, name)
     config = fit_config(yaml.safe_load(Path(study.backbones[backbone]).read_text()), study, recipe, directory)
-    checkpoint = directory / FINAL
+    checkpoint = directory / "last.ckpt"
     fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
     return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],
                 outputs=[checkpoint], fingerprint=fingerprint, log=directory / "fit.log", fit_config=config, steps=study.max_steps or 0)
 
 
 def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
-    """The backbone's fit config with the study's recipe, steps, seed and verifier, writing into `directory`:
-    its periodic `last.ckpt` (what an interrupted fit resumes from) and the final weights (what the study evaluates)."""
+    """The backbone's fit config with the study's recipe, steps, seed and verifier, writing into `directory`, where
+    `last.ckpt` is what an interrupted fit resumes from and, once it finished, the final weights the study evaluates."""
     config = json.loads(json.dumps(base))  # a deep copy of plain YAML data
     config["seed_everything"] = study.seed
     trainer = config.setdefault("trainer", {})
@@ -97,11 +96,12 @@ def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
         logger["init_args"]["save_dir"] = str(directory)
     callbacks = trainer.setdefault("callbacks", [])
     for callback in callbacks:
-        if callback.get("class_path") == CHECKPOINT_CALLBACK:
+        if callback.get("class_path") in CHECKPOINT_CALLBACKS:
             callback.setdefault("init_args", {})["dirpath"] = str(directory)
-    if not any(c.get("class_path") == CHECKPOINT_CALLBACK and c.get("init_args", {}).get("save_last") for c in callbacks):
-        callbacks.append({"class_path": CHECKPOINT_CALLBACK, "init_args": {"dirpath": str(directory), "save_last": True}})
-    callbacks.append({"class_path": FINAL_CALLBACK, "init_args": {"path": str(directory / FINAL)}})
+            if callback["init_args"].get("save_last"):
+                callback["class_path"] = LAST_CHECKPOINT  # last.ckpt ends as the final weights
+    if not any(c.get("class_path") == LAST_CHECKPOINT for c in callbacks):
+        callbacks.append({"class_path": LAST_CHECKPOINT, "init_args": {"dirpath": str(directory), "save_last": True}})
     config["model"].setdefault("init_args", {})["verifier"] = study.verifier
     config["data"].setdefault("init_args", {})["recipe"] = recipe
     return config

@@ -152,9 +152,11 @@ def _read_started(directory: Path) -> dict | None:
 
 
 def _die_with_parent() -> None:
-    """Linux: the cell's process gets SIGTERM when the study's process dies, even by SIGKILL."""
+    """Linux: the cell's process is interrupted when the study's process dies, even by SIGKILL. SIGINT, not SIGTERM:
+    Lightning turns SIGTERM into a flag its loop checks later (an orphaned fit kept building its cache); SIGINT is a
+    KeyboardInterrupt at once, which fit, eval and cache builds clean up after."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
