@@ -25,10 +25,11 @@ from taps_train.study.config import Study
 from taps_train.study.plan import Cell, plan
 
 # Seconds per training step (4k-token batches) and per decoded prompt (64 new tokens) on the tiny verifier,
-# 2 CPU cores, measured with the tiny configs (150-step fits, 60-prompt evaluations); other verifiers get
-# counts only until cells of the study have run.
-TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.3, "HassModule": 1.5, "Eagle3Module": 2.7}
-TINY_SECONDS_PER_DECODE = 1.5
+# 2 CPU cores: EAGLE-2 and HASS from the cells of a full tiny_taps run (150-step fits, 60-decode evaluations,
+# start-up subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml; other verifiers get counts
+# only until cells of the study have run.
+TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.2, "HassModule": 1.2, "Eagle3Module": 2.7}
+TINY_SECONDS_PER_DECODE = 1.0
 TINY_SECONDS_PER_PROCESS = {"fit": 45.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
 
 
