@@ -256,9 +256,9 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint_unless_its_inputs_c
 
 def test_last_ckpt_holds_the_final_step_even_when_the_budget_is_not_a_multiple_of_the_interval(study, random_verifier_dir, tmp_path):
     """max_steps 3 with a checkpoint every 2 steps: Lightning's own last.ckpt stays at step 2, LastCheckpoint's is step 3."""
-    import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from taps_train.drafter.checkpoint import read_checkpoint
     from taps_train.training import Eagle2Module
     from taps_train.training.checkpointing import LastCheckpoint
     from tests.test_eval import fit
@@ -268,5 +268,5 @@ def test_last_ckpt_holds_the_final_step_even_when_the_budget_is_not_a_multiple_o
         directory = tmp_path / callback.__name__
         fit(Eagle2Module(verifier=str(random_verifier_dir)), study.domains["a"].recipe, random_verifier_dir, directory,
             [callback(dirpath=directory, every_n_train_steps=2, save_last=True, save_top_k=-1)], steps=3, limit_val_batches=0)
-        steps[callback.__name__] = torch.load(directory / "last.ckpt", weights_only=False)["global_step"]
+        steps[callback.__name__] = read_checkpoint(directory / "last.ckpt")["global_step"]
     assert steps == {"ModelCheckpoint": 2, "LastCheckpoint": 3}

@@ -174,9 +174,13 @@ def _describe(cell: Cell) -> str:
 def _estimate(cells: list[Cell], state: _State, study: Study) -> float | None:
     """Seconds the cells will take: measured rates of this study's finished cells, else the tiny verifier's."""
     total = 0.0
+    rates = {}  # each rate reads every finished cell's record: once per (kind, backbone), not once per cell
     for cell in cells:
         units = cell.steps if cell.kind == "fit" else cell.decodes
-        measured = state.measured(cell.kind, cell.backbone if cell.kind == "fit" else None)
+        rate_key = (cell.kind, cell.backbone if cell.kind == "fit" else None)
+        if rate_key not in rates:
+            rates[rate_key] = state.measured(*rate_key)
+        measured = rates[rate_key]
         if measured is not None and units:
             total += measured * units  # finished cells' seconds include their start-up
             continue
@@ -203,11 +207,11 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
     left = _estimate(todo, state, study)
     budget = f"{study.max_steps} steps each" if study.max_steps else "each on its config's own budget"
     lines = [f"study {study.name} -> {study.out_dir}",
-             f"  {len(fits)} fits ({len(study.backbones)} backbones x {len(study.domains)} domains + {len(study.mixtures)} mixtures, "
+             (f"  {len(fits)} fits ({len(study.backbones)} backbones x {len(study.domains)} domains + {len(study.mixtures)} mixtures, "
              f"{budget}), {len(evals)} evals ({study.prompts} prompts x {len(study.benchmarks)} benchmarks "
-             f"x {len(study.temperatures)} temperatures each)",
-             f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
-             f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}"]
+             f"x {len(study.temperatures)} temperatures each)"),
+             (f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
+             f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}")]
     lines += [f"    {'done' if c not in todo else 'todo'}  {_describe(c)}" for c in cells]
     return "\n".join(lines)
 
