@@ -172,7 +172,11 @@ def run_cache_command(args: list[str]) -> None:
     from taps_train.verifier.placement import add_placement_arguments
 
     add_placement_arguments(parser)
-    parser.add_argument("--dry-run", action="store_true", help="print token count and estimated disk size; run no verifier")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print token counts, disk size and build time, and write nothing; the time is measured: the verifier is "
+                        "loaded and timed on one batch of each source still to build (seconds on a small model, plus its load time)")
+    parser.add_argument("--no-time", dest="estimate_time", action="store_false",
+                        help="with --dry-run: no build time, so no verifier is loaded (tokens and disk size only)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the SHA-256 check of every shard (by default a cache that is ready has been checked byte for byte, as fit checks it)")
     cache(**vars(parser.parse_args(args)))
@@ -306,8 +310,10 @@ def run_study_command(args: list[str]) -> None:
     print(f"wrote {len(written)} files to {study.out_dir / 'report'} (report.md: τ with intervals, figures, the paper's orderings)")
 
 
-def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool, verify: bool) -> None:
-    """Under torchrun (WORLD_SIZE > 1) every rank builds its share of the shards, each on its own device; rank 0 alone prints."""
+def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool,
+          estimate_time: bool, verify: bool) -> None:
+    """Under torchrun (WORLD_SIZE > 1) every rank builds its share of the shards, each on its own device; rank 0 alone prints
+    (and alone times the verifier for a dry run's estimate, which assumes every rank's device is as fast)."""
     from taps_train.data.distributed import launched_ranks, pinned_device
     from taps_train.data.feature_cache import CacheSettings
     from taps_train.data.prepare import RecipePreparer
@@ -331,6 +337,26 @@ def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device:
                 f"{row['new_bytes'] / 1e6:,.1f} MB to write -> {row['cache']}")
         say(f"total: {sum(r['tokens'] for r in rows):,} tokens, {sum(r['new_bytes'] for r in rows) / 1e6:,.1f} MB to write ({dtype})")
         if dry_run:
+            if not estimate_time or ranks.rank != 0:
+                return
+            pending = sum(row["pending_tokens"] for row in rows)
+            if not pending:
+                say("estimated build time: 0 s (every shard is on disk)")
+                return
+            from taps_train.study.run import _clock
+
+            say(f"timing the verifier on {preparer.placement.device} in {preparer.placement.dtype_name}: one batch per source to build")
+            seconds = 0.0
+            for source, row in zip(sources, rows):
+                if row["pending_tokens"]:
+                    measured = preparer.measure(source)
+                    seconds += row["pending_tokens"] / measured.tokens_per_s
+                    say(f"{row['source']}: {measured.tokens_per_s:,.0f} tokens/s, measured on {measured.tokens:,} tokens "
+                        f"({measured.samples} of a batch of {measured.batch_samples} samples) in {measured.seconds:.2f} s after a warm-up")
+            seconds /= ranks.world
+            split = f", split over {ranks.world} ranks as fast as rank 0" if ranks.world > 1 else ""
+            say(f"estimated build time: {f'{seconds:.2g} s' if seconds < 60 else _clock(seconds)} for {pending:,} tokens still to compute{split} "
+                "(verifier loading not included)")
             return
         for built in preparer.build(sources, ranks):
             if verify and ranks.rank == 0:
@@ -367,7 +393,7 @@ def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: 
         verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
     """
     from taps_train.verifier.loading import load_verifier
-    from taps_train.verifier.tiny import greedy_reply
+    from taps_train.verifier.generation import greedy_reply
 
     if max_new_tokens < 1:
         raise TapsError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")

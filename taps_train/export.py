@@ -70,6 +70,7 @@ from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_files
+from taps_train.verifier.portable import portable_config
 
 LAYOUTS = ("eagle", "vllm", "speculators")
 # The architecture name each engine loads a backbone's draft under, per layout.
@@ -329,21 +330,16 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
 def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> dict:
     """The drafter's Llama config as engines read it, with the legacy RoPE keys next to `rope_parameters`."""
     result = config.to_dict()
-    rope = dict(result["rope_parameters"])
-    theta = rope.pop("rope_theta")
     result.update(
         architectures=[SERVING_ARCHITECTURES[config.architectures[0], layout]],
         model_type="llama",
         num_hidden_layers=1,
         tie_word_embeddings=False,
-        rope_parameters={**rope, "rope_theta": theta},
-        rope_theta=theta,
-        rope_scaling=None if rope.get("rope_type", "default") == "default" else rope,
         bias=bias,
         fc_bias=config.fc_bias,
         dtype=dtype,
-        torch_dtype=dtype,
     )
+    result = portable_config(result)
     if _is_eagle3(config):
         layers = [i + LAYER_ID_OFFSET[layout] for i in config.eagle_config["eagle_aux_hidden_state_layer_ids"]]
         result["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}
@@ -356,13 +352,22 @@ def _is_eagle3(config: PretrainedConfig) -> bool:
 
 def _check_exportable_layers(source: _Source, verifier: VerifierFiles | None) -> None:
     """Engines capture the inputs of decoder layers 1..L-1 (SGLang cannot name the embeddings, and neither engine
-    the post-norm output): an EAGLE-3 drafter fusing other states would read different features there."""
+    the post-norm output), each once, and concatenate them in layer order: an EAGLE-3 drafter fusing other states, or
+    the same ones in another order, would read different features there, and one fusing a state twice (the default on
+    a verifier of under 4 layers) cannot be served."""
     layers = source.config.eagle_config["eagle_aux_hidden_state_layer_ids"]
     count = verifier.config.get_text_config(decoder=True).num_hidden_layers if verifier is not None else None
     outside = [i for i in layers if i < 1 or (count is not None and i >= count)]
     if outside:
         raise TapsError(f"{source.where} fuses verifier hidden states {layers}; serving engines capture only the inputs of decoder "
                         f"layers 1..{count - 1 if count else 'L-1'}, so {outside} cannot be served. Train with feature_layers inside that range")
+    if layers != sorted(layers):
+        raise TapsError(f"{source.where} fuses verifier hidden states {layers}; serving engines concatenate them in layer order, "
+                        f"so its fc would read them permuted. Train with feature_layers in ascending order")
+    if len(set(layers)) < len(layers):
+        warnings.warn(f"{source.where} fuses verifier hidden states {layers}, one of them twice (its verifier has fewer than three "
+                      "that engines capture); taps-train reads this export back, but speculators refuses repeated layer ids and "
+                      "vLLM/SGLang capture each layer once, so no engine serves it", stacklevel=4)
 
 
 def _provenance(source: _Source, layout: str, dtype: str, include_embeddings: bool,

@@ -1,6 +1,7 @@
 """`taps-train cache`: build, no-op second call, dry run, fp8, checks, and one-line errors."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,9 @@ import pytest
 from taps_train.cli import main
 from taps_train.data import feature_cache
 from taps_train.data.corpora import gsm_symbolic_conversations
+from taps_train.data.feature_cache import CacheSettings, length_batches
+from taps_train.data.prepare import RecipePreparer
+from taps_train.data.recipe import load_recipe
 
 ROOT = Path(__file__).parents[1]
 
@@ -64,12 +68,45 @@ def test_fp8_cache_is_a_separate_smaller_cache(recipe, random_verifier_dir, tmp_
     assert size["fp8_e4m3"] < 0.7 * size["bfloat16"]
 
 
-def test_dry_run_runs_no_verifier(recipe, random_verifier_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(feature_cache, "verifier_features", lambda *a: pytest.fail("dry run ran the verifier"))
+def test_dry_run_without_time_loads_no_verifier(recipe, random_verifier_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("taps_train.data.prepare.load_verifier", lambda *a, **k: pytest.fail("dry run loaded the verifier"))
+    cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--dry-run", "--no-time")
+    out = capsys.readouterr().out
+    assert "jsonl[0]: 10 samples" in out and "MB to write (bfloat16)" in out and "ready" not in out and "build time" not in out
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_dry_run_times_a_batch_of_the_build_and_estimates_the_time_left(recipe, random_verifier_dir, tmp_path, monkeypatch, capsys):
+    batches, real = [], feature_cache.verifier_features
+
+    def recorded(model, samples, *args):
+        batches.append([len(s.input_ids) for s in samples])
+        return real(model, samples, *args)
+
+    monkeypatch.setattr(feature_cache, "verifier_features", recorded)
     cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--dry-run")
     out = capsys.readouterr().out
-    assert "jsonl[0]: 10 samples" in out and "MB to write (bfloat16)" in out and "ready" not in out
+    total = int(re.search(r"total: ([\d,]+) tokens", out)[1].replace(",", ""))
+    rate, tokens, samples, batch_samples = re.search(r"jsonl\[0\]: ([\d,]+) tokens/s, measured on ([\d,]+) tokens "
+                                                     r"\((\d+) of a batch of (\d+) samples\) in [\d.]+ s after a warm-up", out).groups()
+    seconds, pending = re.search(r"estimated build time: ([\d.e+-]+) s for ([\d,]+) tokens still to compute "
+                                 r"\(verifier loading not included\)", out).groups()
+    assert float(seconds) > 0 and int(pending.replace(",", "")) == total  # nothing built yet
+    assert float(seconds) == pytest.approx(total / float(rate.replace(",", "")), rel=0.06)  # printed to 2 significant digits
+    assert len(batches[0]) == 1 and len(batches[-1]) == int(samples) and sum(batches[-1]) == int(tokens.replace(",", ""))  # a warm-up, then the batch
+    [source] = RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache").sources()
+    lengths = [len(s.input_ids) for s in source.samples]
+    plan = [[lengths[i] for i in batch] for batch in length_batches(lengths, CacheSettings().batch_tokens)]
+    assert int(samples) == int(batch_samples) and batches[-1] in plan  # a whole batch of the build (the tiny verifier is fast)
     assert not list((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_dry_run_of_a_complete_cache_estimates_no_time_and_loads_no_verifier(recipe, random_verifier_dir, tmp_path, monkeypatch, capsys):
+    cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"))
+    capsys.readouterr()
+    monkeypatch.setattr("taps_train.data.prepare.load_verifier", lambda *a, **k: pytest.fail("dry run loaded the verifier"))
+    cache(recipe, random_verifier_dir, "--cache-dir", str(tmp_path / "cache"), "--dry-run")
+    assert "estimated build time: 0 s (every shard is on disk)" in capsys.readouterr().out
 
 
 def test_verify_reports_a_corrupt_shard_as_one_line_with_the_rebuild_command(recipe, random_verifier_dir, tmp_path, capsys):

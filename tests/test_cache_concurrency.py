@@ -159,7 +159,7 @@ def test_a_no_op_start_reports_the_same_counts_without_tokenizing(random_verifie
     monkeypatch.setattr(prepare, "tokenize_conversation", lambda *a: pytest.fail("tokenized for a complete cache"))
     again = preparer(small, random_verifier_dir, cache)
     sources = again.sources()
-    assert again.estimate(sources) == [row | {"new_bytes": 0} for row in tokenized]
-    assert tokenized[0]["new_bytes"] > 0 and 0 < tokenized[0]["assistant_tokens"] < tokenized[0]["tokens"]
+    assert again.estimate(sources) == [row | {"pending_tokens": 0, "new_bytes": 0} for row in tokenized]
+    assert tokenized[0]["new_bytes"] > 0 and 0 < tokenized[0]["assistant_tokens"] < tokenized[0]["tokens"] == tokenized[0]["pending_tokens"]
     [cache_of_small] = again.build(sources)
     assert len(cache_of_small) == 12

@@ -170,6 +170,9 @@ def test_killed_build_resumes_to_a_byte_identical_cache(tmp_path, data, random_v
         build(recipe, random_verifier_dir, tmp_path / "resumed", shard_samples=4)
     directory = tmp_path / "resumed" / reference.directory.name
     assert sorted(f.name for f in directory.iterdir()) == [".shard-00001.safetensors.999.tmp", "shard-00000.safetensors"]  # no manifest yet
+    p = preparer(recipe, random_verifier_dir, tmp_path / "resumed", shard_samples=4)
+    [row] = p.estimate(p.sources())
+    assert row["pending_tokens"] == row["tokens"] - reference.shards[0]["tokens"]  # the dry run's count: the shard on disk is done
 
     monkeypatch.setattr(feature_cache, "_write_shard", real_write)
     counter = ForwardCounter(monkeypatch)
@@ -315,7 +318,7 @@ def test_dry_run_prints_tokens_and_size_and_writes_nothing(tmp_path, data, rando
     p = preparer(recipe, random_verifier_dir, tmp_path / "cache")
     tokens = [sum(len(s.input_ids) for s in source.samples) for source in p.sources()]
     monkeypatch.setattr("taps_train.data.prepare.load_verifier", lambda *a, **k: pytest.fail("dry run loaded the verifier"))
-    main(["cache", "--recipe", str(recipe), "--verifier", str(random_verifier_dir), "--cache-dir", str(tmp_path / "cache"), "--dry-run"])
+    main(["cache", "--recipe", str(recipe), "--verifier", str(random_verifier_dir), "--cache-dir", str(tmp_path / "cache"), "--dry-run", "--no-time"])
     out = capsys.readouterr().out
     megabytes = sum(tokens) * bytes_per_token([HIDDEN], "bfloat16") / 1e6
     assert f"total: {sum(tokens):,} tokens, {megabytes:,.1f} MB to write (bfloat16)" in out

@@ -125,7 +125,7 @@ def test_tree_node_logits_equal_their_paths_across_commits(verifier, prompts, pr
     prompt = prompts[prompt_kind]
     session = VerifierSession(verifier)
     logits, hidden = session.prefill(torch.tensor(prompt[:-1]))
-    torch.testing.assert_close(logits, plain_forward(verifier, prompt[:-1]).logits[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits, plain_forward(verifier, prompt[:-1]).logits[0, -1], atol=1e-4, rtol=1e-4)  # only the last position's
     state = DrafterState(random_drafter(verifier, seed=2))
     state.extend(hidden, torch.tensor(prompt[1:]))
     tree = state.draft(prompt[-1], TreeConfig(total_tokens=24, depth=3, top_k=4))

@@ -13,9 +13,12 @@ Samples are addressed by *position* in the source's seeded permutation (held-out
 training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
 index views and cost no feature bytes. Each shard covers a fixed range of positions and is written
 atomically (temporary file, then rename), so shards can be written by several ranks of a build at
-once, and a killed build resumes shard by shard and ends byte-identical to an uninterrupted one. The
-manifest is written once, when every shard exists. Two builds of one directory take turns
-(`RecipePreparer.build` locks it), so the second finds the shards done.
+once, and a killed build resumes and ends byte-identical to an uninterrupted one. A shard of a large
+verifier takes hours on a CPU, so while one is computed its finished batches are saved every
+`CacheSettings.checkpoint_s` seconds (`SavedBatches`, in `.shard-NNNNN.partial/`): a kill loses at most
+that long plus one batch of verifier work, and the next build of the shard, on any rank or host,
+continues from them. The manifest is written once, when every shard exists. Two builds of one
+directory take turns (`RecipePreparer.build` locks it), so the second finds the shards done.
 
 What is stored is the drafter backbone's feature contract (taps_train/drafter/features.py): for
 EAGLE-1/2 and HASS the verifier's post-norm last hidden state alone, so the verifier's LM head applies
@@ -23,11 +26,13 @@ to it directly. The contract is part of the fingerprint.
 """
 
 import bisect
+import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +58,15 @@ class CacheSettings:
     dtype: str = "bfloat16"
     shard_samples: int = 1024
     batch_tokens: int = 16384  # verifier forward batch budget (padded tokens)
+    # Seconds of verifier work between saves of a shard's finished batches: what a kill may lose (plus one batch).
+    # A save writes only the batches since the previous one: a shard's bytes are written at most twice, whatever the interval.
+    checkpoint_s: float = 60.0
 
     def __post_init__(self):
         if self.dtype not in STORAGE_DTYPES:
             raise TapsError(f"unknown feature cache dtype {self.dtype!r}; use one of {STORAGE_DTYPES}")
+        if not self.checkpoint_s >= 0:
+            raise TapsError(f"feature cache checkpoint_s must be >= 0 seconds, got {self.checkpoint_s!r}")
 
 
 def bytes_per_token(widths: Iterable[int], dtype: str) -> int:
@@ -112,6 +122,51 @@ def _encode(name: str, values: torch.Tensor, dtype: str) -> dict[str, torch.Tens
     return {name: (values / scales[:, None]).to(torch.float8_e4m3fn).cpu(), _scales_key(name): scales.cpu()}
 
 
+def _encoded_batch(model, contract: FeatureContract, samples: list[TokenizedSample], pad_id: int, dtype: str) -> dict[str, torch.Tensor]:
+    """One verifier batch as a shard keeps it: encoded for storage, on the CPU, the samples' tokens concatenated."""
+    return {key: encoded for name, values in verifier_features(model, samples, pad_id, contract).items()
+            for key, encoded in _encode(name, values, dtype).items()}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One timed verifier forward: `tokens` real (unpadded) tokens of the first `samples` of a build's batch of
+    `batch_samples`, in `seconds`."""
+
+    tokens: int
+    samples: int
+    batch_samples: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+PROBE_SECONDS = 2.0  # shortest timed forward worth trusting (timer noise, first-call effects, a machine shared with others)
+
+
+def measure_throughput(model, contract: FeatureContract, samples: list[TokenizedSample], pad_id: int, settings: CacheSettings,
+                       min_seconds: float = PROBE_SECONDS) -> Throughput:
+    """Time a build's per-batch work (forward, encoding, copy to the CPU) on the batch of `samples` (a shard's) that
+    holds their median-length sample, cut as the build cuts it, after a one-sample warm-up (lazy initialisation,
+    kernel choice). Its rows double from one until a forward takes `min_seconds` or the batch is whole: a GPU,
+    where batching pays, gets its whole batch; a slow CPU, as fast per token with one row, stops within seconds."""
+    lengths = [len(s.input_ids) for s in samples]
+    median = sorted(range(len(samples)), key=lengths.__getitem__)[len(samples) // 2]
+    batch = next(b for b in length_batches(lengths, settings.batch_tokens) if median in b)
+    _encoded_batch(model, contract, [samples[batch[0]]], pad_id, settings.dtype)
+    rows = 1
+    while True:
+        chosen = [samples[i] for i in batch[:rows]]
+        start = time.perf_counter()
+        _encoded_batch(model, contract, chosen, pad_id, settings.dtype)
+        seconds = time.perf_counter() - start
+        if seconds >= min_seconds or rows == len(batch):
+            return Throughput(sum(len(s.input_ids) for s in chosen), rows, len(batch), seconds)
+        rows = min(2 * rows, len(batch))
+
+
 @dataclass(frozen=True)
 class ShardWriter:
     """Fills shards of feature caches. `verifier` is called only when a shard must be computed, so a resumed
@@ -133,19 +188,37 @@ class ShardWriter:
         directory.mkdir(parents=True, exist_ok=True)
         listed = _listed_shards(directory, fingerprint)
         records = {span: listed.get(span) or _adopt(directory, span, self.settings) for span in spans}
+        for span, record in records.items():
+            if record is not None:  # saved batches outlive their shard only if a kill came between the two
+                shutil.rmtree(_partial_dir(directory, span, self.settings), ignore_errors=True)
         todo = [span for span, record in records.items() if record is None]
         if todo:
             records.update(self._compute(samples, directory, todo))
         return [records[span] for span in spans]
 
     def _compute(self, samples: list[TokenizedSample], directory: Path, todo: list[tuple[int, int]]) -> dict[tuple[int, int], dict]:
-        tokens = sum(len(samples[i].input_ids) for a, b in todo for i in range(a, b))
-        _check_disk(directory, shard_bytes_bound(tokens, sum(b - a for a, b in todo), len(todo),
+        sizes = [sum(len(samples[i].input_ids) for i in range(a, b)) for a, b in todo]
+        # The largest shard counts twice: its saved batches stay on disk until the shard itself is written.
+        _check_disk(directory, shard_bytes_bound(sum(sizes) + max(sizes), sum(b - a for a, b in todo), len(todo),
                                                  self.contract.widths(self.hidden_size).values(), self.settings.dtype))
         model = self.verifier()
-        with tqdm(total=tokens, desc=f"{self.label}caching features ({directory.name})", unit="tok", unit_scale=True) as bar:
+        with tqdm(total=sum(sizes), desc=f"{self.label}caching features ({directory.name})", unit="tok", unit_scale=True) as bar:
             return {(a, b): _write_shard(model, self.contract, samples[a:b], directory, (a, b), self.settings, self.pad_id, bar)
                     for a, b in todo}
+
+
+def pending_tokens(samples: list[TokenizedSample], directory: Path, fingerprint: dict, spans: list[tuple[int, int]],
+                   settings: CacheSettings) -> int:
+    """Tokens the verifier must still run to fill shards `spans` of the cache of `samples` at `directory`: shards on
+    disk and batches that killed builds saved do not count. Reads file names and headers only, no checksums."""
+    listed = _listed_shards(directory, fingerprint)
+    pending = 0
+    for a, b in spans:
+        if (a, b) in listed or _whole_shard_tokens(directory / _shard_name((a, b), settings), (a, b)) is not None:
+            continue
+        saved = SavedBatches.plan(directory, (a, b), samples[a:b], settings)
+        pending += sum(saved.tokens) - saved.saved_tokens()
+    return pending
 
 
 def write_manifest(directory: Path, fingerprint: dict, shards: list[dict], samples: int, report: dict) -> None:
@@ -162,32 +235,132 @@ def _shard_name(span: tuple[int, int], settings: CacheSettings) -> str:
 def _write_shard(model, contract: FeatureContract, samples, directory: Path, span: tuple[int, int], settings: CacheSettings,
                  pad_id: int, bar) -> dict:
     # Each batch is encoded (and moved off the verifier's device) as it comes out: a shard never holds its
-    # fp32 features, which for an 8B verifier is ~16 GB per 1k conversations. Encoding is per token, so
-    # the bytes equal those of encoding the whole shard at once.
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    for batch in length_batches([len(s.input_ids) for s in samples], settings.batch_tokens):
-        sizes = [len(samples[i].input_ids) for i in batch]
-        for name, values in verifier_features(model, [samples[i] for i in batch], pad_id, contract).items():
-            for key, encoded in _encode(name, values, settings.dtype).items():
-                column = parts.setdefault(key, [None] * len(samples))
-                for index, piece in zip(batch, encoded.split(sizes)):
-                    column[index] = piece
-        bar.update(sum(sizes))
-    lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
-    tensors = {
-        **{key: torch.cat(column) for key, column in parts.items()},
-        "input_ids": torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32),
-        "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
-        "offsets": torch.cumsum(lengths, 0),
-    }
+    # fp32 features, which for an 8B verifier is ~16 GB per 1k conversations. Encoding is per token, so the
+    # bytes equal those of encoding the whole shard at once, and batches read back from a save equal the
+    # batches computed.
+    saved = SavedBatches.plan(directory, span, samples, settings)
+    encoded = saved.load()
+    bar.total -= sum(saved.tokens[: len(encoded)])
+    bar.refresh()
+    last_save, clock = len(encoded), time.monotonic()
+    for batch in saved.batches[len(encoded):]:
+        encoded.append(_encoded_batch(model, contract, [samples[i] for i in batch], pad_id, settings.dtype))
+        bar.update(saved.tokens[len(encoded) - 1])
+        if len(encoded) < len(saved.batches) and time.monotonic() - clock >= settings.checkpoint_s:
+            saved.save(encoded, last_save)
+            last_save, clock = len(encoded), time.monotonic()
+    tensors = _shard_tensors(samples, saved.batches, encoded)
     name = _shard_name(span, settings)
     tmp = _fresh_tmp(directory, name)
     # One metadata key: safetensors writes a multi-key metadata map in random order, and a resumed build
     # must be byte-identical to an uninterrupted one.
     save_file(tensors, tmp, metadata=_positions(span))
-    record = _record(tmp, name, span, int(lengths.sum()))
+    record = _record(tmp, name, span, int(tensors["offsets"][-1]))
     os.replace(tmp, directory / name)
+    saved.discard()
     return record
+
+
+def _shard_tensors(samples: list[TokenizedSample], batches: list[list[int]], encoded: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A shard's tensors in sample order, from its batches (in length order) as `_encoded_batch` gave them."""
+    columns: dict[str, list[torch.Tensor | None]] = {}
+    for batch, values in zip(batches, encoded):
+        sizes = [len(samples[i].input_ids) for i in batch]
+        for key, value in values.items():
+            column = columns.setdefault(key, [None] * len(samples))
+            for index, piece in zip(batch, value.split(sizes)):
+                column[index] = piece
+    lengths = torch.tensor([0] + [len(s.input_ids) for s in samples])
+    return {
+        **{key: torch.cat(column) for key, column in columns.items()},
+        "input_ids": torch.tensor([t for s in samples for t in s.input_ids], dtype=torch.int32),
+        "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
+        "offsets": torch.cumsum(lengths, 0),
+    }
+
+
+def _partial_dir(directory: Path, span: tuple[int, int], settings: CacheSettings) -> Path:
+    return directory / f".{_shard_name(span, settings).removesuffix('.safetensors')}.partial"
+
+
+_PART_FILE = re.compile(r"^batches-(?P<start>\d+)-(?P<end>\d+)\.safetensors$")
+
+
+@dataclass(frozen=True)
+class SavedBatches:
+    """The finished batches of a shard in progress, saved so that a killed build resumes inside the shard.
+
+    `batches-A-B.safetensors` in the shard's `.shard-NNNNN.partial/` holds batches A..B-1 of the shard's plan
+    (per tensor, those batches' encoded values concatenated). Each save writes only the batches since the
+    previous one, atomically, and the files are read back as the chain of ranges from batch 0. Their metadata
+    names the span and the plan (each batch's samples and lengths): a build reuses them only if it cuts the shard
+    into the same batches, so its shard equals an uninterrupted build's byte for byte. Whoever builds the shard
+    next (this host or another, any rank) reuses them: one build at a time writes a directory (its lock) and one
+    rank of it a shard, and a file's bytes depend on its batches alone, not on which process computed them.
+    """
+
+    folder: Path
+    batches: list[list[int]]
+    tokens: list[int]  # real tokens of each batch
+    metadata: dict[str, str]
+
+    @classmethod
+    def plan(cls, directory: Path, span: tuple[int, int], samples: list[TokenizedSample], settings: CacheSettings) -> "SavedBatches":
+        lengths = [len(s.input_ids) for s in samples]
+        batches = length_batches(lengths, settings.batch_tokens)
+        plan = hashlib.sha256(json.dumps([[(i, lengths[i]) for i in batch] for batch in batches]).encode()).hexdigest()
+        return cls(_partial_dir(directory, span, settings), batches, [sum(lengths[i] for i in batch) for batch in batches],
+                   {**_positions(span), "plan": plan})
+
+    def chain(self) -> list[tuple[int, int, Path]]:
+        """(first batch, end, file) of the saved files of this plan that continue each other from batch 0."""
+        ranges = {}
+        for path in self.folder.glob("batches-*.safetensors"):
+            match = _PART_FILE.match(path.name)
+            if match and int(match["start"]) < int(match["end"]) <= len(self.batches):
+                ranges[int(match["start"])] = (int(match["end"]), path)
+        chain, start = [], 0
+        while start in ranges and self._matches(ranges[start][1]):
+            end, path = ranges[start]
+            chain.append((start, end, path))
+            start = end
+        return chain
+
+    def saved_tokens(self) -> int:
+        return sum(sum(self.tokens[start:end]) for start, end, _ in self.chain())
+
+    def load(self) -> list[dict[str, torch.Tensor]]:
+        """The saved batches, encoded; removes the files this plan cannot use (another plan's, after a gap, or a killed
+        save's temporary): the caller builds the shard now, and no one else does (see the class docstring)."""
+        if not self.folder.is_dir():
+            return []
+        chain = self.chain()
+        for path in set(self.folder.iterdir()) - {path for _, _, path in chain}:
+            path.unlink()
+        encoded = []
+        for start, end, path in chain:
+            with safe_open(str(path), framework="pt") as handle:
+                pieces = {key: handle.get_tensor(key).split(self.tokens[start:end]) for key in handle.keys()}
+            encoded += [{key: values[batch] for key, values in pieces.items()} for batch in range(end - start)]
+        return encoded
+
+    def save(self, encoded: list[dict[str, torch.Tensor]], start: int) -> None:
+        """Save the batches of `encoded` from `start` on (those since the previous save)."""
+        name = f"batches-{start:05d}-{len(encoded):05d}.safetensors"
+        self.folder.mkdir(exist_ok=True)
+        tmp = _fresh_tmp(self.folder, name)
+        save_file({key: torch.cat([values[key] for values in encoded[start:]]) for key in encoded[start]}, tmp, metadata=self.metadata)
+        os.replace(tmp, self.folder / name)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _matches(self, path: Path) -> bool:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                return handle.metadata() == self.metadata
+        except SafetensorError:
+            return False
 
 
 def _positions(span: tuple[int, int]) -> dict[str, str]:
@@ -199,41 +372,48 @@ def _record(path: Path, name: str, span: tuple[int, int], tokens: int) -> dict:
 
 
 def _adopt(directory: Path, span: tuple[int, int], settings: CacheSettings) -> dict | None:
-    """The record of a shard file no manifest lists yet. It is whole (renamed into place only when complete);
-    its positions must be this span's, since an older, shorter build may have left a partial last shard."""
+    """The record of a shard file no manifest lists yet, if it is whole and covers the span."""
     name = _shard_name(span, settings)
-    path = directory / name
+    tokens = _whole_shard_tokens(directory / name, span)
+    return None if tokens is None else _record(directory / name, name, span, tokens)
+
+
+def _whole_shard_tokens(path: Path, span: tuple[int, int]) -> int | None:
+    """Tokens of the shard file at `path`, or None if there is none for `span`. A file there is whole (renamed into
+    place only when complete); its positions must be this span's, since an older, shorter build may have left a
+    partial last shard."""
     if not path.is_file():
         return None
     try:
-        handle = safe_open(str(path), framework="pt")
-        if handle.metadata() != _positions(span):
-            return None
-        tokens = int(handle.get_tensor("offsets")[-1])
+        with safe_open(str(path), framework="pt") as handle:
+            if handle.metadata() != _positions(span):
+                return None
+            return int(handle.get_tensor("offsets")[-1])
     except SafetensorError:
         return None
-    return _record(path, name, span, tokens)
 
 
 def _fresh_tmp(directory: Path, name: str) -> Path:
     """This process's temporary file for `name`, after removing what killed writers of `name` left behind.
-    Only one process ever writes a given file (a shard's owner, or rank 0 for the manifest), and only one
-    build at a time writes a directory (its lock). Named by host and pid so a later build can tell which
-    temporaries are stale (`remove_stale_temporaries`)."""
+    Only one process ever writes a given file (a shard's owner, its saved batches too, or rank 0 for the
+    manifest), and only one build at a time writes a directory (its lock). Named by host and pid so a later
+    build can tell which temporaries are stale (`remove_stale_temporaries`)."""
     for stale in directory.glob(f".{name}.*.tmp"):
         stale.unlink(missing_ok=True)
     return directory / f".{name}.{socket.gethostname()}.{os.getpid()}.tmp"
 
 
-_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json)\.(?P<host>.+)\.(?P<pid>\d+)\.tmp$")
+_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json|batches-\d+-\d+\.safetensors)\.(?P<host>.+)\.(?P<pid>\d+)\.tmp$")
 
 
 def remove_stale_temporaries(directory: Path) -> tuple[int, int]:
-    """Remove the temporaries that writers on this host left when killed; (files, bytes) removed. Call it with
-    the directory's lock held. A temporary of another host (a shared filesystem) is left alone: whether its
-    writer lives cannot be told from here."""
+    """Remove the temporaries that writers on this host left when killed (saved batches' included); (files, bytes)
+    removed. Call it with the directory's lock held. A temporary of another host (a shared filesystem) is left
+    alone: whether its writer lives cannot be told from here. Saved batches are progress, not temporaries: they
+    stay until their shard is written."""
     host = socket.gethostname()
-    stale = [path for path in directory.glob(".*.tmp") if _written_by_dead_process(path.name, host)]
+    candidates = [*directory.glob(".*.tmp"), *directory.glob(".shard-*.partial/.*.tmp")]
+    stale = [path for path in candidates if _written_by_dead_process(path.name, host)]
     freed = 0
     for path in stale:
         freed += path.stat().st_size

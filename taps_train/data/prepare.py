@@ -24,7 +24,10 @@ from taps_train.data.feature_cache import (
     CacheSettings,
     FeatureCache,
     ShardWriter,
+    Throughput,
     bytes_per_token,
+    measure_throughput,
+    pending_tokens,
     remove_stale_temporaries,
     shard_ranges,
     write_manifest,
@@ -89,10 +92,12 @@ class PreparedSource:
             return self.open_cache().token_counts(len(self.conversations))
         return sum(len(s.input_ids) for s in self.samples), sum(sum(s.loss_mask) for s in self.samples)
 
-    def missing_tokens(self) -> int:
-        """Tokens of the samples the cache lacks."""
-        have = self.cached_samples()
-        return 0 if have >= len(self.conversations) else sum(len(s.input_ids) for s in self.samples[have:])
+    def pending_tokens(self, settings: CacheSettings) -> int:
+        """Tokens the verifier must still run: none for a complete cache; else those of the shards not on disk,
+        less the batches that killed builds saved."""
+        if self.complete():
+            return 0
+        return pending_tokens(self.samples, self.directory, self.fingerprint, shard_ranges(len(self.conversations), settings.shard_samples), settings)
 
 
 ShardsByRank = list[list[list[dict] | None]]  # [rank][source]: the shard records that rank holds (None: source already cached)
@@ -138,6 +143,10 @@ class RecipePreparer:
         if self._verifier is None:
             self._verifier = load_verifier(self.verifier_name, self.placement.device, self.placement.dtype_name)
         return self._verifier
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id or 0
 
     def release_verifier(self) -> None:
         """Drop the verifier once the caches are written: training never uses this copy, and it holds a GPU's
@@ -218,7 +227,7 @@ class RecipePreparer:
     def _fill(self, sources: list[PreparedSource], owned: list[list[tuple[int, int]]], ranks: Ranks) -> list[list[dict] | None]:
         """This rank's shard records per source; None for a source whose cache already holds enough samples
         (it may hold more, for a larger recipe, in shards of other spans: it is left as it is)."""
-        writer = ShardWriter(lambda: self.verifier.model, self.contract, self.hidden_size, self.settings, self.tokenizer.pad_token_id or 0, ranks.label)
+        writer = ShardWriter(lambda: self.verifier.model, self.contract, self.hidden_size, self.settings, self.pad_id, ranks.label)
         records = []
         for source, spans in zip(sources, owned):
             records.append(None if source.complete() else writer.fill(source.samples, source.directory, source.fingerprint, spans))
@@ -243,20 +252,26 @@ class RecipePreparer:
             write_manifest(source.directory, source.fingerprint, records, len(source.conversations), report)
 
     def estimate(self, sources: list[PreparedSource]) -> list[dict]:
-        """Per source: samples, tokens, tokens in the loss, bytes a build would add (0 when already cached);
-        tokenizes only the sources whose cache is incomplete."""
+        """Per source: samples, tokens, tokens in the loss, tokens the verifier must still run and the bytes they add
+        (0 when already cached); tokenizes only the sources whose cache is incomplete."""
         rows = []
         for source in sources:
             tokens, in_loss = source.token_counts()
+            pending = source.pending_tokens(self.settings)
             rows.append({
                 "source": source.name,
                 "samples": len(source.conversations),
                 "tokens": tokens,
                 "assistant_tokens": in_loss,
-                "new_bytes": source.missing_tokens() * bytes_per_token(self.contract.widths(self.hidden_size).values(), self.settings.dtype),
+                "pending_tokens": pending,
+                "new_bytes": pending * bytes_per_token(self.contract.widths(self.hidden_size).values(), self.settings.dtype),
                 "cache": str(source.directory),
             })
         return rows
+
+    def measure(self, source: PreparedSource) -> Throughput:
+        """The verifier's feature throughput on a batch of the source's first shard, as a build computes it (loads the verifier)."""
+        return measure_throughput(self.verifier.model, self.contract, source.samples[: self.settings.shard_samples], self.pad_id, self.settings)
 
     def _regenerated(self, selected: SelectedSource, conversations: list[Conversation]) -> list[Conversation]:
         from taps_train.data.regenerate import regenerate

@@ -13,6 +13,8 @@ checkpoints store them. Logits come out in the verifier's vocabulary, -inf outsi
 Parameter names follow the EAGLE-3 checkpoint layout (`midlayer.*`, `fc`, `norm`, `lm_head`).
 """
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,25 +28,67 @@ from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, ve
 from taps_train.errors import TapsError
 
 TTT_STEPS = 7
+FUSED_LAYERS = 3  # low, mid, high: serving engines' fc reads three verifier states (3H -> H)
+
+
+def capturable_layers(num_layers: int) -> range:
+    """The `hidden_states` indices serving engines capture for EAGLE-3: the inputs of decoder layers 1..L-1. Not 0 (the
+    embeddings: vLLM and SGLang cannot name them) nor L (the post-norm output, which engines never capture)."""
+    return range(1, num_layers)
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low/mid/high verifier states: the inputs of decoder layers 2, L/2 and L-3 (`hidden_states`
-    indices). A verifier of fewer than 6 layers has no such three; it gets the inputs of layers 1, L/2 and L-1,
-    which serving engines can capture too (never the embeddings or the post-norm output)."""
-    if num_layers >= 6:
+    """EAGLE-3's low/mid/high verifier states, the inputs of decoder layers 2, L/2 and L-3 (`hidden_states` indices),
+    where these are distinct (L >= 7); below that 1, L/2 and L-1, distinct from 4 layers on. A toy verifier of 2 or 3
+    layers has fewer than three capturable states and gets each of them, repeated: taps-train trains and decodes with
+    that, but speculators refuses repeated layer ids and vLLM/SGLang capture a layer once, so no engine serves it."""
+    if num_layers >= 7:
         return (2, num_layers // 2, num_layers - 3)
-    return (min(1, num_layers - 1), num_layers // 2, max(num_layers - 1, 0))
+    if num_layers >= 2:
+        return (1, num_layers // 2, num_layers - 1)
+    raise TapsError(f"the verifier has {num_layers} decoder layer(s), so no hidden state engines capture for EAGLE-3 (the inputs "
+                    f"of decoder layers 1..L-1): use a verifier of at least 4 layers (three distinct states), or an EAGLE-2/HASS drafter")
 
 
-def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int, feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
-    """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary and the fused layers."""
+def check_feature_layers(layers: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """User-chosen fused layers: three capturable states in ascending order (engines concatenate them in layer order,
+    whatever order the config lists) and distinct (speculators requires it), or, on a verifier with fewer than three
+    capturable states, each of those."""
+    layers, capturable = tuple(layers), capturable_layers(num_layers)
+    distinct = min(FUSED_LAYERS, len(capturable))
+    if (len(layers) == FUSED_LAYERS and all(isinstance(i, int) and not isinstance(i, bool) and i in capturable for i in layers)
+            and list(layers) == sorted(layers) and len(set(layers)) == distinct):
+        return layers
+    rule = "distinct " if distinct == FUSED_LAYERS else ""
+    each = "" if distinct == FUSED_LAYERS else f", each of those {distinct} at least once"
+    raise TapsError(f"feature_layers must be {FUSED_LAYERS} {rule}verifier hidden_states indices in ascending order within "
+                    f"{capturable.start}..{capturable.stop - 1} (the decoder-layer inputs serving engines capture){each}, got "
+                    f"{list(layers)}; use e.g. {list(default_feature_layers(num_layers))} (the default when unset)")
+
+
+def check_draft_vocab_size(draft_vocab_size: int | float) -> None:
+    valid_int = isinstance(draft_vocab_size, int) and not isinstance(draft_vocab_size, bool) and draft_vocab_size >= 1
+    if not (valid_int or isinstance(draft_vocab_size, float) and 0 < draft_vocab_size <= 1):
+        raise TapsError(f"draft_vocab_size must be an int >= 1 (tokens) or a float in (0, 1] (a fraction of the verifier's "
+                        f"vocabulary), got {draft_vocab_size!r}")
+
+
+def draft_vocab_tokens(draft_vocab_size: int | float, verifier_vocab_size: int) -> int:
+    """`draft_vocab_size` in tokens: an int is a count (capped at the verifier's vocabulary), a float in (0, 1] a fraction of
+    the verifier's vocabulary (rounded, at least 1), so one config fits verifiers of any vocabulary."""
+    check_draft_vocab_size(draft_vocab_size)
+    if isinstance(draft_vocab_size, int):
+        return min(draft_vocab_size, verifier_vocab_size)
+    return max(1, round(draft_vocab_size * verifier_vocab_size))
+
+
+def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | float,
+                  feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
+    """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary (in tokens) and the fused layers."""
     text = verifier_config.get_text_config(decoder=True)
-    if not 1 <= draft_vocab_size:
-        raise TapsError(f"draft_vocab_size must be >= 1, got {draft_vocab_size}")
     config = drafter_config(verifier_config)
     config.architectures = [Eagle3Drafter.architecture]
-    config.draft_vocab_size = min(draft_vocab_size, text.vocab_size)
+    config.draft_vocab_size = draft_vocab_tokens(draft_vocab_size, text.vocab_size)
     config.target_hidden_size = text.hidden_size
     layers = tuple(feature_layers) if feature_layers else default_feature_layers(text.num_hidden_layers)
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(layers)}
@@ -84,7 +128,7 @@ class Eagle3Drafter(DrafterBackbone):
         return tuple(self.config.eagle_config["eagle_aux_hidden_state_layer_ids"])
 
     @classmethod
-    def config_for(cls, verifier_config: PretrainedConfig, draft_vocab_size: int = 32000,
+    def config_for(cls, verifier_config: PretrainedConfig, draft_vocab_size: int | float = 32000,
                    feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
         return eagle3_config(verifier_config, draft_vocab_size, feature_layers)
 

@@ -2,12 +2,14 @@
 
 Every benchmark turns its records into `Prompt`s in a fixed order, so the first N prompts are the
 same on every run and τ measured on a `limit` is comparable across drafters. Damaged records are
-skipped and counted in `Benchmark.report` (public dumps are messy and one bad row must not end an
-evaluation), but a benchmark that yields nothing is an error: a τ over zero prompts means nothing.
+skipped, counted in `Benchmark.report` and said on stderr in one line (public dumps are messy and one
+bad row must not end an evaluation, but a set smaller than its source must not be silent either); a
+benchmark that yields nothing is an error: a τ over zero prompts means nothing.
 Hub benchmarks accept a local JSON/JSONL copy in the hub's field layout, because the hub is often
 unreachable where drafters are evaluated.
 """
 
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -53,11 +55,20 @@ class Benchmark(ABC):
                 f"benchmark {self.name}: no usable prompts ({self.report.summary()}); "
                 f"point it at a file in the {self.name} field layout"
             )
+        _say_skipped(self.name, len(prompts), self.report, limit)
         return prompts[:limit]
 
     @abstractmethod
     def _read(self) -> tuple[list[Prompt], ReadReport]:
         """Every usable prompt in order, and the report counting what was skipped and why."""
+
+
+def _say_skipped(name: str, usable: int, report: ReadReport, limit: int | None) -> None:
+    """One stderr line when records were skipped, e.g. chat_heldout's ShareGPT fragments: 123 usable of 200."""
+    if not (report.problems or report.truncated_tail_chars):
+        return
+    used = f"; using the first {limit}" if limit is not None and limit < usable else ""
+    print(f"{name}: {usable} usable prompts of {report.summary()}{used}", file=sys.stderr, flush=True)
 
 
 def _text(record: dict, key: str) -> str:

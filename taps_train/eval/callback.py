@@ -24,6 +24,7 @@ from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import run_benchmark
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.tree import TreeConfig
+from taps_train.verifier.generation import stop_token_ids
 
 
 class AcceptanceLengthCallback(Callback):
@@ -72,7 +73,8 @@ class AcceptanceLengthCallback(Callback):
         self._load(module)
         was_training = module.drafter.training
         module.drafter.eval()
-        decoder = SpeculativeDecoder(self._verifier, [_decoding_drafter(module.drafter, self._verifier)], self.tree, temperature=self.temperature)
+        decoder = SpeculativeDecoder(self._verifier, [_decoding_drafter(module.drafter, self._verifier)], self.tree, temperature=self.temperature,
+                                     eos_token_ids=stop_token_ids(self._verifier, self._tokenizer))
         counts = {}
         for name, prompts in self._prompt_sets.items():
             tally = run_benchmark(decoder, self._tokenizer, prompts[rank::world_size], self.max_new_tokens, seed=seed, progress=False)

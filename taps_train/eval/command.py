@@ -28,6 +28,7 @@ from taps_train.verifier.loading import (
     read_config,
     resolve_verifier_path,
 )
+from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.placement import add_placement_arguments
 
 OFFLINE_BENCHMARKS = ["math_heldout", "arith_offline", "chat_heldout"]
@@ -68,16 +69,14 @@ def run_eval(args: list[str]) -> None:
     else:
         drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
     benchmarks = {}
-    for spec in options.benchmarks:
-        prompts, report = load_benchmark(spec, options.prompts)
-        benchmarks[spec.split(":")[0]] = prompts
-        if report.problems:
-            Console(stderr=True).print(f"[yellow]{spec}: {report.summary()}[/]")
+    for spec in options.benchmarks:  # load_benchmark reports skipped records itself
+        benchmarks[spec.split(":")[0]] = load_benchmark(spec, options.prompts)[0]
     reports: dict[float, EvalReport] = {}
     written: list[Path] = []
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
-        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p)
+        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p,
+                                     eos_token_ids=stop_token_ids(verifier.model, verifier.tokenizer))
         results = {
             name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}").report(
                 options.drafters if options.strategy.startswith("route") else None)

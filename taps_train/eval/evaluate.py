@@ -5,6 +5,7 @@ The same function serves `taps-train eval` and the validation callback, so τ du
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
@@ -102,24 +103,68 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]])
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+class TokenProgress:
+    """Advances a benchmark's bar by the tokens each decoding round emits, so a verifier that takes minutes
+    per prompt still shows progress; the postfix says how many prompts are done and the running τ."""
+
+    def __init__(self, bar: tqdm, prompts: int):
+        self.bar = bar
+        self.prompts = prompts
+        self.done = 0
+        self.new_tokens = 0
+        self.verify_calls = 0
+        self.shown = 0  # tokens the bar has advanced by
+        self.budget = 0  # token budget of the finished prompts
+
+    def on_round(self, stats: RoundStats) -> None:
+        self.new_tokens += stats.new_tokens
+        self.verify_calls += 1
+        self._advance(stats.new_tokens)
+
+    def end_prompt(self, budget: int) -> None:
+        """Fill the rest of a finished prompt's budget: each turn's prefill token, an early stop, a skipped prompt."""
+        self.done += 1
+        self.budget += budget
+        self._advance(self.budget - self.shown)
+
+    def _advance(self, tokens: int) -> None:
+        self.shown += tokens
+        tau = self.new_tokens / self.verify_calls if self.verify_calls else 0.0
+        self.bar.set_postfix_str(f"{self.done}/{self.prompts} prompts, τ {tau:.2f}", refresh=False)
+        self.bar.update(tokens)
+
+
 def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_new_tokens: int,
                   seed: int = 0, label: str = "", progress: bool = True) -> BenchmarkTally:
-    """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer)."""
+    """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer).
+
+    The bar counts tokens against a budget of `max_new_tokens` per turn, advanced after every round.
+    """
     tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens)
     began = time.perf_counter()
-    for index, prompt in enumerate(tqdm(prompts, desc=f"decoding {label}", unit="prompt", disable=not progress, leave=False)):
-        messages, new_before, calls_before = [], tally.new_tokens, tally.verify_calls
-        try:
-            for turn_index, turn in enumerate(prompt.turns):
-                messages.append({"role": "user", "content": turn})
-                generation = decoder.generate(chat_ids(tokenizer, messages), max_new_tokens, seed=seed * 100_003 + index * 10 + turn_index)
-                tally.add(generation)
-                messages.append({"role": "assistant", "content": tokenizer.decode(generation.tokens, skip_special_tokens=True)})
-        except TapsError as err:
-            if "exceeds the verifier's context" not in str(err):
-                raise
-            tally.skipped_too_long += 1
-            continue
-        tally.add_prompt(tally.new_tokens - new_before, tally.verify_calls - calls_before)
+    total = sum(len(p.turns) for p in prompts) * max_new_tokens
+    with tqdm(total=total, desc=f"decoding {label}", unit="tok", disable=not progress, leave=False) as bar:
+        meter = TokenProgress(bar, len(prompts))
+        for index, prompt in enumerate(prompts):
+            _decode_prompt(decoder, tokenizer, prompt, max_new_tokens, seed * 100_003 + index * 10, tally, meter.on_round)
+            meter.end_prompt(len(prompt.turns) * max_new_tokens)
     tally.wall_time_s = time.perf_counter() - began
     return tally
+
+
+def _decode_prompt(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_new_tokens: int, seed: int,
+                   tally: BenchmarkTally, on_round: Callable[[RoundStats], None]) -> None:
+    """All turns of one prompt into `tally`; a prompt that outgrows the verifier's context is counted as skipped."""
+    messages, new_before, calls_before = [], tally.new_tokens, tally.verify_calls
+    try:
+        for turn_index, turn in enumerate(prompt.turns):
+            messages.append({"role": "user", "content": turn})
+            generation = decoder.generate(chat_ids(tokenizer, messages), max_new_tokens, seed=seed + turn_index, on_round=on_round)
+            tally.add(generation)
+            messages.append({"role": "assistant", "content": tokenizer.decode(generation.tokens, skip_special_tokens=True)})
+    except TapsError as err:
+        if "exceeds the verifier's context" not in str(err):
+            raise
+        tally.skipped_too_long += 1
+        return
+    tally.add_prompt(tally.new_tokens - new_before, tally.verify_calls - calls_before)

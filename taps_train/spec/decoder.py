@@ -90,7 +90,10 @@ class SpeculativeDecoder:
         return accept_sampling(tree, logits, self.temperature, generator, self.top_p)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> Generation:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0,
+                 on_round: Callable[[RoundStats], None] | None = None) -> Generation:
+        """Decode up to `max_new_tokens` after `prompt_ids`; `on_round` sees each round's statistics as it ends
+        (progress for callers: a round of a real verifier on a CPU takes seconds)."""
         from taps_train.spec.verify import VerifierSession
 
         session = VerifierSession(self.verifier, tuple(sorted({i for d in self.drafters for i in d.feature_contract().hidden_state_indices})))
@@ -105,7 +108,7 @@ class SpeculativeDecoder:
         generator = torch.Generator().manual_seed(seed)
         prompt = torch.tensor(prompt_ids)
         logits, hidden = session.prefill(prompt)
-        root = self._first_token(logits[-1], generator)
+        root = self._first_token(logits, generator)
         states = [DrafterState(d) for d in self.drafters]
         for state in states:
             state.extend(hidden, torch.tensor(prompt_ids[1:] + [root]))
@@ -121,6 +124,8 @@ class SpeculativeDecoder:
             emitted = _until_stop(new, self.eos, max_new_tokens - len(output))
             output += emitted
             rounds.append(_round_stats(tree, acceptance, len(emitted), chosen))
+            if on_round is not None:
+                on_round(rounds[-1])
             root = new[-1] if len(emitted) == len(new) else emitted[-1]
         return Generation(output, rounds)
 

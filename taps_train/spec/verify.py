@@ -79,14 +79,16 @@ class VerifierSession:
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, HiddenStates]:
-        """Run the prompt [n] into an empty cache; returns logits [n, V] and the hidden states asked for."""
+        """Run the prompt [n] into an empty cache; returns the last position's logits [V] (the only ones decoding
+        reads: a 2k-token prompt of a 128k-vocabulary verifier would otherwise cost 1 GB of fp32 logits) and the
+        hidden states asked for at every position."""
         n = len(ids)
         positions = torch.arange(n)
         mask = self.attention_mask(positions, positions, torch.ones(n, n, dtype=torch.bool).tril())
         out = self.model(input_ids=ids.to(self.device)[None], position_ids=positions.to(self.device)[None], attention_mask=mask,
-                         cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states)
+                         cache=self.cache, use_cache=True, output_hidden_states=self.hidden_states, logits_to_keep=1)
         self.length = n
-        return out.logits[0].float(), self._states(out)
+        return out.logits[0, -1].float(), self._states(out)
 
     @torch.no_grad()
     def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, HiddenStates]:

@@ -18,7 +18,7 @@ from taps_train.eval.command import report_path
 from taps_train.study.config import Study
 
 LAST_CHECKPOINT = "taps_train.training.checkpointing.LastCheckpoint"
-CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", LAST_CHECKPOINT)
+CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", "taps_train.training.checkpointing.RunCheckpoint", LAST_CHECKPOINT)
 
 
 @dataclass

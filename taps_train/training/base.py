@@ -10,7 +10,7 @@ import math
 from abc import ABC, abstractmethod
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from transformers import PretrainedConfig
 
@@ -18,6 +18,7 @@ from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
 from taps_train.drafter.features import FEATURES
 from taps_train.errors import TapsError
+from taps_train.training.progress import step_progress_bar
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
 from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
@@ -168,6 +169,12 @@ class DrafterModule(LightningModule, ABC):
         total = max(1, h.schedule_steps or total_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Lightning's stock progress bar, swapped for one that counts steps: runs bounded by `max_steps`
+        otherwise read "Epoch 3/-2" (Lightning replaces a trainer callback of the type returned here)."""
+        bar = step_progress_bar(self.trainer.progress_bar_callback)
+        return [bar] if bar is not None else []
 
     # --- checkpoints -------------------------------------------------------------------------------
 

@@ -1,16 +1,38 @@
-"""A periodic checkpoint whose `last.ckpt` ends as the weights training ended with.
+"""Checkpoint callbacks for run directories that also hold the run's logs.
 
-Lightning refreshes its `save_last` copy only when the callback saves another checkpoint: with
-`every_n_train_steps: 2000` and a 20-epoch budget, `last.ckpt` would hold the last multiple of 2,000 steps,
-not the trained drafter that `eval`, `export`, HASS stage 2's `init_from` and `taps-train study` read.
+The shipped configs write checkpoints and the CSV/W&B logs under one directory (`checkpoints/<run>`, logs
+in `logs/`). Lightning creates the loggers' folders before a checkpoint callback's setup, so its
+"exists and is not empty" check fires on every fresh run; `RunCheckpoint` warns only when the directory
+already holds checkpoints that this run may overwrite or mix with.
+
+`LastCheckpoint` also makes `last.ckpt` end as the weights training ended with. Lightning refreshes its
+`save_last` copy only when the callback saves another checkpoint: with `every_n_train_steps: 2000` and a
+20-epoch budget, `last.ckpt` would hold the last multiple of 2,000 steps, not the trained drafter that
+`eval`, `export`, HASS stage 2's `init_from` and `taps-train study` read.
 """
 
+from pathlib import PurePosixPath
+
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
-class LastCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that also writes `last.ckpt` at the end of training when its last save was earlier."""
+class RunCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that warns about earlier checkpoints in its directory, not about other files (logs)."""
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: str) -> None:  # replaces Lightning's private check, called in `setup`
+        if self.save_top_k == 0 or not self._fs.isdir(dirpath):
+            return
+        found = sorted(name for path in self._fs.ls(dirpath, detail=False) if (name := PurePosixPath(path).name).endswith(self.FILE_EXTENSION))
+        if found:
+            shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            rank_zero_warn(f"Checkpoint directory {dirpath} already holds {len(found)} checkpoint(s) ({shown}); "
+                           "this run saves beside them and replaces those of the same name")
+
+
+class LastCheckpoint(RunCheckpoint):
+    """RunCheckpoint that also writes `last.ckpt` at the end of training when its last save was earlier."""
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_end(trainer, pl_module)

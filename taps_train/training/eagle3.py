@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
-from taps_train.drafter.eagle3 import TTT_STEPS
-from taps_train.drafter.features import FEATURES, check_layers
+from taps_train.drafter.eagle3 import TTT_STEPS, check_draft_vocab_size, check_feature_layers
+from taps_train.drafter.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
 
@@ -24,7 +24,7 @@ class Eagle3Module(DrafterModule):
     def __init__(
         self,
         verifier: str = "taps-tiny",
-        draft_vocab_size: int = 32000,
+        draft_vocab_size: int | float = 32000,
         feature_layers: tuple[int, ...] | None = None,
         ttt_steps: int = TTT_STEPS,
         step_weight_decay: float = 0.8,
@@ -33,8 +33,11 @@ class Eagle3Module(DrafterModule):
         """
         Args:
             verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; its embedding is reused).
-            draft_vocab_size: size of the drafter's own output vocabulary (capped at the verifier's).
-            feature_layers: the three verifier `hidden_states` fused by fc (None: EAGLE-3's 2, L/2, L-3).
+            draft_vocab_size: the drafter's own output vocabulary: an int >= 1 is a token count (capped at the
+                verifier's vocabulary), a float in (0, 1] that fraction of the verifier's vocabulary (0.25: EAGLE-3's
+                32k of Llama-3's 128k); 1 is one token, 1.0 the whole vocabulary. Checkpoints store the token count.
+            feature_layers: the three verifier `hidden_states` fused by fc, distinct and ascending within 1..L-1 (the
+                decoder-layer inputs engines capture); None: EAGLE-3's 2, L/2, L-3 (`default_feature_layers`).
             ttt_steps: training-time-test passes per batch.
             step_weight_decay: pass k's loss weight is step_weight_decay ** k.
         """
@@ -42,14 +45,23 @@ class Eagle3Module(DrafterModule):
             raise TapsError(f"ttt_steps must be >= 1, got {ttt_steps}")
         if not 0 < step_weight_decay <= 1:
             raise TapsError(f"step_weight_decay must be in (0, 1], got {step_weight_decay}")
+        check_draft_vocab_size(draft_vocab_size)  # before the verifier is read
         self.vocabulary_chosen = False
         super().__init__(verifier=verifier, **kwargs)
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
-        h = self.hparams
-        drafter = build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, h.feature_layers))
-        check_layers(drafter.feature_contract(), verifier_config, h.verifier)
-        return drafter
+        h, layers = self.hparams, verifier_config.get_text_config(decoder=True).num_hidden_layers
+        feature_layers = check_feature_layers(h.feature_layers, layers) if h.feature_layers is not None else None
+        return build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, feature_layers))
+
+    def _check_compatible(self, checkpoint: dict, where: str) -> None:
+        """A resumed run fuses the layers its checkpoint was trained on: same shapes, other features, if the config (or
+        the default for this verifier) names others."""
+        super()._check_compatible(checkpoint, where)
+        trained = list(checkpoint["taps"]["drafter_config"]["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        if trained != list(self.drafter.feature_layers):
+            raise TapsError(f"{where} was trained on verifier hidden states {trained}, but this run fuses "
+                            f"{list(self.drafter.feature_layers)}; resume with the feature_layers it was trained on")
 
     def setup(self, stage: str) -> None:
         super().setup(stage)

@@ -27,31 +27,38 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _weights_hash(directory: Path) -> str:
-    """SHA-256 over the weight files, memoized because 8B checkpoints are 16 GB. The memo key is (path,
-    size, mtime) plus a hash of sampled blocks (the safetensors header, 16 evenly spaced 4 KB blocks, the
-    end): a file rewritten with other weights of the same size and a restored mtime no longer passes as the
-    old one. A change confined to bytes between the samples still does; delete the memo file to rehash."""
+    """SHA-256 over the weight files (each memoized, see `memoized_sha256`)."""
     files = sorted(f for f in directory.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file())
+    digest = hashlib.sha256()
+    for file, file_digest in zip(files, memoized_sha256(files)):
+        digest.update(f"{file.name}:{file_digest}".encode())
+    return digest.hexdigest()[:16]
+
+
+def memoized_sha256(files: list[Path]) -> list[str]:
+    """SHA-256 of each file, memoized because 8B checkpoints are 16 GB. The memo key is (path, size, mtime)
+    plus a hash of sampled blocks (the header, 16 evenly spaced 4 KB blocks, the end): a file rewritten with
+    other weights of the same size and a restored mtime no longer passes as the old one. A change confined to
+    bytes between the samples still does; delete the memo file to rehash."""
     memo_path = taps_home() / "weights_hashes.json"
     try:
         memo = json.loads(memo_path.read_text())
     except (OSError, ValueError):
         memo = {}
-    digest = hashlib.sha256()
-    changed = False
+    digests, changed = [], False
     for file in files:
         stat = file.stat()
         key = f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{_sampled_hash(file, stat.st_size)}"
         if key not in memo:
             memo[key] = file_sha256(file)
             changed = True
-        digest.update(f"{file.name}:{memo[key]}".encode())
+        digests.append(memo[key])
     if changed:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(memo))
         os.replace(tmp, memo_path)
-    return digest.hexdigest()[:16]
+    return digests
 
 
 def _sampled_hash(path: Path, size: int, head: int = 1 << 16, block: int = 1 << 12, blocks: int = 16) -> str:

@@ -1,7 +1,7 @@
 """Load a frozen verifier (any Hugging Face causal LM) with its tokenizer.
 
-Accepts a hub id, a local model directory, or `taps-tiny` for the offline tiny verifier (built on
-first use). Every failure a user can cause becomes one `TapsError` line naming the path and the fix.
+Accepts a hub id, a local model directory, `taps-tiny` for the offline tiny verifier (built on first use),
+or a GGUF model (`smollm2-135m`, or a .gguf file path; converted on first use). Every failure a user can cause becomes one `TapsError` line naming the path and the fix.
 """
 
 import json
@@ -22,6 +22,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from taps_train.errors import TapsError, first_line
+from taps_train.verifier.gguf import PACKAGED, ensure_gguf_verifier, is_gguf_source
 from taps_train.verifier.placement import COMPUTE_DTYPES, Placement, resolve_placement
 
 TINY_VERIFIER = "taps-tiny"
@@ -41,7 +42,8 @@ class LoadedVerifier:
 
 
 def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) -> str:
-    """Map `taps-tiny` to its built directory; check local paths; pass hub ids through.
+    """Map `taps-tiny` and GGUF sources (`smollm2-135m`, a .gguf file) to the directories built from them; check
+    local paths; pass hub ids through.
 
     A local directory that ships its own Python (`auto_map` in its config or tokenizer config) is refused
     unless `trust_remote_code`: transformers would import that code, or ask on the terminal whether to.
@@ -50,6 +52,8 @@ def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) ->
         from taps_train.verifier.tiny import ensure_tiny_verifier
 
         return str(ensure_tiny_verifier())
+    if is_gguf_source(name_or_path):
+        return str(ensure_gguf_verifier(name_or_path))
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -60,7 +64,8 @@ def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) ->
             _refuse_custom_code(path)
         return str(path)
     if not _HUB_ID.match(name_or_path) or name_or_path.startswith((".", "~")):
-        raise TapsError(f"verifier path {name_or_path} does not exist; pass an existing model directory, a hub id, or {TINY_VERIFIER}")
+        raise TapsError(f"verifier path {name_or_path} does not exist; pass an existing model directory, a .gguf file, a hub id, "
+                       f"{TINY_VERIFIER} or one of {', '.join(PACKAGED)}")
     return name_or_path
 
 

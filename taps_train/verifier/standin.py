@@ -25,9 +25,10 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.errors import TapsError
+from taps_train.verifier.portable import save_portable
 from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
 
-STANDIN_FORMAT = 1
+STANDIN_FORMAT = 2  # 2: config and tokenizer files readable by transformers 4.x too
 MANIFEST = "standin.json"
 LLAMA3_VOCAB = 128_256
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -85,7 +86,6 @@ def build_standin(
     staging.mkdir(parents=True)
 
     tokenizer = _tokenizer(spec)
-    tokenizer.save_pretrained(staging)
     config = _config(spec, tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids(EOT), tokenizer.pad_token_id)
     model = _random_model(config, spec)
     model.generation_config = GenerationConfig(
@@ -96,7 +96,7 @@ def build_standin(
     # Half the embedding's size puts the embedding and the LM head in shards of their own (a tensor
     # larger than the limit is never split) and spreads the decoder layers over further shards.
     embedding_bytes = model.get_input_embeddings().weight.nbytes
-    model.save_pretrained(staging, max_shard_size=embedding_bytes // 2)
+    save_portable(model, tokenizer, staging, max_shard_size=embedding_bytes // 2)
     parameters = sum(p.numel() for p in model.parameters())
     del model
 

@@ -38,12 +38,14 @@ from taps_train.data.corpora import (
     sharegpt_package_path,
 )
 from taps_train.errors import TapsError
-from taps_train.hashing import file_sha256
 from taps_train.home import taps_home
+from taps_train.verifier.builds import check_files, publish
+from taps_train.verifier.generation import greedy_reply
+from taps_train.verifier.portable import save_portable
 from taps_train.verifier.pretrain import PretrainSchedule, mean_loss, pretrain
 from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
 
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2  # 2: config and tokenizer files readable by transformers 4.x too
 MANIFEST = "taps_build.json"
 CHAT_SAMPLE_PROMPT = "What are some tips for staying productive while working from home?"
 console = Console(stderr=True)
@@ -115,19 +117,7 @@ def build_tiny_verifier(spec: TinyVerifierSpec = TinyVerifierSpec(), home: Path 
 
 def check_build(path: Path) -> dict:
     """Return the build manifest after checking every listed file's SHA-256; raise if anything is off."""
-    fix = f"rebuild it with `taps-train verifier build --force` (or delete {path})"
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError) as err:
-        raise TapsError(f"cached tiny verifier at {path} has no readable {MANIFEST} ({err}); {fix}") from err
-    for name, digest in files.items():
-        file = path / name
-        if not file.is_file():
-            raise TapsError(f"cached tiny verifier at {path} is missing {name}; {fix}")
-        if file_sha256(file) != digest:
-            raise TapsError(f"cached tiny verifier at {path} has a corrupt {name} (checksum mismatch); {fix}")
-    return manifest
+    return check_files(path, MANIFEST, "cached tiny verifier", f"rebuild it with `taps-train verifier build --force` (or delete {path})")
 
 
 def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
@@ -148,6 +138,11 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
 
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(_model_config(spec, tokenizer))
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.convert_tokens_to_ids(EOT), tokenizer.convert_tokens_to_ids(EOS)],
+        pad_token_id=tokenizer.pad_token_id,
+    )
     schedule = PretrainSchedule(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup_steps=spec.warmup_steps)
     losses = pretrain(model, train_blocks, schedule, spec.seed, work / "state.pt")
 
@@ -164,13 +159,7 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
 
     staging = work / "final"
     shutil.rmtree(staging, ignore_errors=True)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.convert_tokens_to_ids(EOT), tokenizer.convert_tokens_to_ids(EOS)],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    save_portable(model, tokenizer, staging)
     manifest = {
         "format": BUILD_FORMAT,
         "spec": asdict(spec),
@@ -197,31 +186,13 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "heldout_loss": heldout,
         "samples": samples,
         "build_seconds": round(time.perf_counter() - began, 1),
-        "files": {f.name: file_sha256(f) for f in sorted(staging.iterdir()) if f.is_file()},
     }
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    staging.rename(out_dir)
+    publish(staging, out_dir, MANIFEST, manifest)
     shutil.rmtree(work)
     console.print(
         f"tiny verifier ready at {out_dir} in {manifest['build_seconds']} s: "
         f"held-out loss {heldout['gsm_symbolic']:.3f} (math) / {heldout['sharegpt']:.3f} (chat) nats/token"
     )
-
-
-def greedy_reply(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
-    """The model's greedy answer to one user message, formatted with its chat template."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"].to(model.device)
-    stop = [tokenizer.convert_tokens_to_ids(EOT), tokenizer.convert_tokens_to_ids(EOS)]
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=stop, pad_token_id=tokenizer.pad_token_id,
-        )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def _sharegpt_split(spec: TinyVerifierSpec):

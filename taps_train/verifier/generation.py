@@ -1,0 +1,35 @@
+"""Where a verifier's reply ends, and its plain greedy reply.
+
+The stop set comes from the model and its tokenizer, never from token names taps-train knows: a real
+model's generation config lists its end-of-sequence ids (Llama-3-Instruct: `<|end_of_text|>` and
+`<|eot_id|>`), and its chat template closes each assistant turn with a special token (ChatML's
+`<|im_end|>`) that decoding must stop at even when the configs forget it.
+"""
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from taps_train.data.chat_format import end_of_turn_token, vocabulary_id
+
+
+def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids that end a reply: the generation config's and config's eos ids, the tokenizer's eos (when its name is
+    a vocabulary entry, never the unknown token's id) and the chat template's end-of-turn token."""
+    ids = [model.generation_config.eos_token_id, model.config.get_text_config(decoder=True).eos_token_id,
+           vocabulary_id(tokenizer, tokenizer.eos_token), end_of_turn_token(tokenizer)]
+    flat = [i for entry in ids for i in (entry if isinstance(entry, list) else [entry])]
+    return sorted({int(i) for i in flat if i is not None and 0 <= int(i) < len(tokenizer)})
+
+
+def greedy_reply(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
+    """The model's greedy answer to one user message, formatted with its chat template, up to its stop token."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"].to(model.device)
+    stop = stop_token_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop or [None])[0]
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop, pad_token_id=pad,
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
