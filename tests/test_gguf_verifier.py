@@ -293,12 +293,13 @@ def test_a_file_that_is_not_a_whole_gguf_is_refused(tmp_path, f32_file, home, co
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"embedding_length": 128}, r"shape \[402, 64\] but its metadata implies \[402, 128\]"),
-        ({"vocab_size": 500}, r"implies \[500, 64\]"),
-        ({"feed_forward_length": 64}, r"mlp\.\w+_proj\.weight has shape"),
-        ({"attention.head_count_kv": 4}, r"k_proj\.weight has shape \[32, 64\] but its metadata implies \[64, 64\]"),
-        ({"block_count": 3}, r"lacks 9 weights its metadata implies \(e\.g\. model\.layers\.2\."),
-        ({"block_count": 1}, r"holds 36,992 values that transformers does not load"),
+        pytest.param({"embedding_length": 128}, r"shape \[402, 64\] but its metadata implies \[402, 128\]", id="embedding_length"),
+        pytest.param({"vocab_size": 500}, r"implies \[500, 64\]", id="vocab_size"),
+        pytest.param({"feed_forward_length": 64}, r"mlp\.\w+_proj\.weight has shape", id="feed_forward_length"),
+        pytest.param({"attention.head_count_kv": 4}, r"k_proj\.weight has shape \[32, 64\] but its metadata implies \[64, 64\]",
+                     id="head_count_kv"),
+        pytest.param({"block_count": 3}, r"lacks 9 weights its metadata implies \(e\.g\. model\.layers\.2\.", id="more_blocks"),
+        pytest.param({"block_count": 1}, r"holds 36,992 values that transformers does not load", id="fewer_blocks"),
     ],
 )
 def test_metadata_that_disagrees_with_the_tensors_is_refused(tmp_path, llama, tokenizer, home, overrides, expected):

@@ -18,6 +18,9 @@ from taps_train.data.conversation import Conversation
 from taps_train.errors import TapsError
 
 _SENTINEL = "\u2063taps-sentinel\u2063"
+# Version of the mask rule, part of every feature cache's fingerprint: caches built under another rule hold other
+# masks. 2: a reply's mask ends at its end-of-turn token, and a token that runs from the header into the reply counts.
+MASK_RULE = 2
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ class DrafterDataModule(LightningDataModule):
         """
         Args:
             recipe: data recipe YAML (data_recipes/*.yaml).
-            verifier: `taps-tiny`, a local HF model directory, or a hub id; must match the drafter's.
+            verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local HF model directory, or a hub id; must match the drafter's.
             cache_dir: feature cache root (default $TAPS_HOME/features).
             feature_dtype: cache storage dtype, bfloat16 or fp8_e4m3.
             verifier_device: where the verifier computes missing cache features: auto (the current CUDA

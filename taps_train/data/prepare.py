@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from taps_train.data.chat_format import TokenizedSample, tokenize_conversation
+from taps_train.data.chat_format import MASK_RULE, TokenizedSample, tokenize_conversation
 from taps_train.data.conversation import Conversation
 from taps_train.data.distributed import Ranks, wait_until_visible
 from taps_train.data.feature_cache import (
@@ -165,6 +165,7 @@ class RecipePreparer:
                 "verifier": self.fingerprint,
                 "source": selected.key,
                 "max_length": self.recipe.max_length,
+                "loss_mask_rule": MASK_RULE,
                 "dtype": self.settings.dtype,
                 "compute_dtype": self.placement.dtype_name,
                 "feature": self.contract.fingerprint(),

@@ -43,7 +43,7 @@ class DrafterModule(LightningModule, ABC):
     ):
         """
         Args:
-            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; embed + head are reused).
+            verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local HF model directory, or a hub id (frozen; embed + head are reused).
             lr: peak learning rate (AdamW).
             betas: AdamW betas.
             weight_decay: AdamW weight decay.

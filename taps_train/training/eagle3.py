@@ -32,7 +32,7 @@ class Eagle3Module(DrafterModule):
     ):
         """
         Args:
-            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; its embedding is reused).
+            verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local HF model directory, or a hub id (frozen; its embedding is reused).
             draft_vocab_size: the drafter's own output vocabulary: an int >= 1 is a token count (capped at the
                 verifier's vocabulary), a float in (0, 1] that fraction of the verifier's vocabulary (0.25: EAGLE-3's
                 32k of Llama-3's 128k); 1 is one token, 1.0 the whole vocabulary. Checkpoints store the token count.

@@ -43,7 +43,7 @@ class Eagle2Module(DrafterModule):
     ):
         """
         Args:
-            verifier: `taps-tiny`, a local HF model directory, or a hub id (frozen; embed + head are reused).
+            verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local HF model directory, or a hub id (frozen; embed + head are reused).
             fc_bias: bias in the fc layer (EAGLE's and HASS's training scripts: true; EAGLE's released Llama-3
                 drafter: false).
             feature_weight: weight of the SmoothL1 feature loss.

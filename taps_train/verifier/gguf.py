@@ -17,6 +17,7 @@ import json
 import shutil
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,15 +88,20 @@ def ensure_gguf_verifier(name_or_path: str, dtype: str = "float32", home: Path |
     label = name_or_path if name_or_path in PACKAGED else _slug(source.stem)
     out_dir = (home or taps_home()) / "verifiers" / f"{label}-{digest[:12]}-{dtype}"
     fix = f"delete {out_dir} and rerun to convert {source} again"
-    if out_dir.is_dir():
-        check_files(out_dir, MANIFEST, "converted GGUF verifier", fix)
+    if _current(out_dir, fix):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir) + ".lock"):
-        if not out_dir.is_dir():  # another process may have converted it while we waited
+        if not _current(out_dir, fix):  # another process may have converted it while we waited
             _convert(source, digest, dtype, out_dir)
     check_files(out_dir, MANIFEST, "converted GGUF verifier", fix)
     return out_dir
+
+
+def _current(out_dir: Path, fix: str) -> bool:
+    """True for an intact conversion by this version of the converter; False when absent or written by another
+    version (converted again, in place); a damaged one is refused."""
+    return out_dir.is_dir() and check_files(out_dir, MANIFEST, "converted GGUF verifier", fix).get("format") == GGUF_FORMAT
 
 
 def _convert(source: Path, digest: str, dtype: str, out_dir: Path) -> None:
@@ -137,10 +143,11 @@ def _read_gguf(source: Path):
         from gguf import GGUFReader
 
         tokenizer = _read_tokenizer(source)
-        # Mismatched shapes are reported (not raised after a multi-line table) so that _check_complete names them.
-        model, loading = AutoModelForCausalLM.from_pretrained(
-            source.parent, gguf_file=source.name, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
-        )
+        # Mismatched shapes are returned, not raised after a multi-line load report, so that _check_complete names them.
+        with _transformers_errors_only():
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                source.parent, gguf_file=source.name, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+            )
         stored = sum(int(tensor.n_elements) for tensor in GGUFReader(source).tensors)
     except ImportError as err:
         raise TapsError(f"reading GGUF files needs the gguf package: pip install gguf ({first_line(err)})") from err
@@ -152,6 +159,19 @@ def _read_gguf(source: Path):
         raise TapsError(f"GGUF verifier {source} is a '{model.config.model_type}' model without a causal-LM head; pass a decoder-only LM")
     _check_complete(source, model, loading, stored)
     return tokenizer, model
+
+
+@contextmanager
+def _transformers_errors_only():
+    """Silence transformers' load-report table: _check_complete refuses every weight it lists, in one line."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
 
 
 def _read_tokenizer(source: Path):
