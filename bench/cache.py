@@ -5,6 +5,7 @@
   c. bytes a mixture adds when its sources are cached (target 0)
 
     python bench/cache.py [--recipe data_recipes/tiny_mixed.yaml] [--threads N]
+    python bench/cache.py --verifier smollm2-135m --recipe R --speed-only   # (a) on a real 30-layer LLM
 
 Caches go to temporary directories (every build starts from scratch); the tiny verifier itself comes
 from $TAPS_HOME as usual. For (a) the raw forward pass and the build alternate for a few rounds and the
@@ -30,8 +31,11 @@ from taps_train.data.recipe import load_recipe
 RECIPES = Path(__file__).parents[1] / "data_recipes"
 
 
+VERIFIER = "taps-tiny"  # --verifier
+
+
 def preparer(recipe: Path, root: Path, dtype: str = "bfloat16") -> RecipePreparer:
-    return RecipePreparer(load_recipe(recipe), "taps-tiny", root, CacheSettings(dtype=dtype))
+    return RecipePreparer(load_recipe(recipe), VERIFIER, root, CacheSettings(dtype=dtype))
 
 
 def raw_forward_seconds(p: RecipePreparer, sources: list[PreparedSource]) -> float:
@@ -143,14 +147,19 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=RECIPES / "tiny_mixed.yaml")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--rounds", type=int, default=3, help="raw-forward / build rounds for (a)")
+    parser.add_argument("--verifier", default=VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file or a model directory")
+    parser.add_argument("--speed-only", action="store_true", help="(a) only: (b) and (c) build more caches (slow on a real model)")
     args = parser.parse_args()
+    global VERIFIER
+    VERIFIER = args.verifier
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="taps-bench-cache-") as tmp:
         p, root, tokens = build_speed(args.recipe, Path(tmp) / "bf16", args.rounds)
-        disk_figures(args.recipe, root, p, tokens)
-        mixture_bytes(Path(tmp) / "mixtures")
+        if not args.speed_only:
+            disk_figures(args.recipe, root, p, tokens)
+            mixture_bytes(Path(tmp) / "mixtures")
     print(f"bench wall time: {time.perf_counter() - start:.0f} s")
 
 

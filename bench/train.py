@@ -5,6 +5,7 @@
   3. training throughput of each backbone (tokens/s)
 
     python bench/train.py [--steps 30] [--recipe data_recipes/tiny_mixed.yaml]
+    python bench/train.py --verifier smollm2-135m --recipe R --steps 8 --warmup 2 --rounds 1   # a real 30-layer LLM
 """
 
 import argparse
@@ -17,12 +18,12 @@ from torch.utils.data import DataLoader
 from taps_train.data.datamodule import DrafterDataModule
 from taps_train.training import Eagle2Module, Eagle3Module, HassModule
 
-MODULES = {"eagle2": (Eagle2Module, {}), "hass": (HassModule, {}), "eagle3": (Eagle3Module, {"draft_vocab_size": 2048})}
+MODULES = {"eagle2": (Eagle2Module, {}), "hass": (HassModule, {}), "eagle3": (Eagle3Module, {"draft_vocab_size": 0.25})}
 
 
-def fixed_batches(recipe: str, count: int, verifier_states: tuple[int, ...]) -> list[dict]:
+def fixed_batches(recipe: str, verifier: str, count: int, verifier_states: tuple[int, ...]) -> list[dict]:
     """The same samples for every backbone, with the verifier states its feature contract names."""
-    data = DrafterDataModule(recipe, batch_size=8, max_tokens_per_batch=4096, verifier_states=verifier_states)
+    data = DrafterDataModule(recipe, verifier=verifier, batch_size=8, max_tokens_per_batch=4096, verifier_states=verifier_states)
     data.prepare_data()
     data.setup("fit")
     return [batch for _, batch in zip(range(count), data.train_dataloader())]
@@ -74,11 +75,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, smollm2-135m, a .gguf file or a model directory")
     args = parser.parse_args()
-    build = {name: lambda module_class=module_class, options=options: module_class(verifier="taps-tiny", lr=1e-3, warmup_steps=5,
+    build = {name: lambda module_class=module_class, options=options: module_class(verifier=args.verifier, lr=1e-3, warmup_steps=5,
                                                                                    schedule="cosine", **options)
              for name, (module_class, options) in MODULES.items()}
-    batches = {name: fixed_batches(args.recipe, args.steps, make().drafter.feature_contract().layers) for name, make in build.items()}
+    batches = {name: fixed_batches(args.recipe, args.verifier, args.steps, make().drafter.feature_contract().layers) for name, make in build.items()}
     tokens = sum(int(b["attention_mask"].sum()) for b in batches["eagle2"][args.warmup :]) / (args.steps - args.warmup)
     timings = {}
     for round_index in range(args.rounds):  # alternate the runners; the fastest round of each counts
