@@ -143,6 +143,7 @@ def mixture_bytes(root: Path) -> None:
 
 
 def main() -> None:
+    global VERIFIER
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=RECIPES / "tiny_mixed.yaml")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -150,7 +151,6 @@ def main() -> None:
     parser.add_argument("--verifier", default=VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file or a model directory")
     parser.add_argument("--speed-only", action="store_true", help="(a) only: (b) and (c) build more caches (slow on a real model)")
     args = parser.parse_args()
-    global VERIFIER
     VERIFIER = args.verifier
     if args.threads:
         torch.set_num_threads(args.threads)
