@@ -27,8 +27,8 @@ HUB_FILES = {  # source -> (hub dataset repo, file name): the defaults of taps_t
     "mathinstruct": ("TIGER-Lab/MathInstruct", "MathInstruct.json"),
     "sharegpt": ("Aeala/ShareGPT_Vicuna_unfiltered", "ShareGPT_V4.3_unfiltered_cleaned_split.json"),
 }
-HUB_RECIPES = [p for p in RECIPES if not p.stem.startswith("tiny_")]
-OFFLINE_RECIPES = [p for p in RECIPES if p.stem.startswith("tiny_")]
+OFFLINE_RECIPES = [p for p in RECIPES if p.stem.startswith(("tiny_", "smol_"))]  # packaged corpora: no hub
+HUB_RECIPES = [p for p in RECIPES if p not in OFFLINE_RECIPES]
 HUB_RECORDS = 71_000  # more than the largest hub selection (500 held-out + 70,000)
 
 

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from taps_train.data.conversation import Conversation
 from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Regenerate
+from taps_train.verifier.generation import stop_token_ids
 
 CHUNK = 32
 
@@ -99,6 +100,7 @@ def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int
     """Regenerate turn by turn across the chunk, batching every conversation waiting for a reply."""
     messages = [[] for _ in chunk]
     finished = [False] * len(chunk)
+    stops = stop_token_ids(model, tokenizer)
     for turn in range(max(len(c.messages) for c in chunk)):
         waiting = []
         for i, conversation in enumerate(chunk):
@@ -122,8 +124,8 @@ def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int
         output = model.generate(
             **encoded.to(model.device),
             max_new_tokens=min(spec.max_new_tokens, max_length - int(encoded["attention_mask"].sum(1).max())),
-            eos_token_id=model.generation_config.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=stops,  # the model's own end of turn (ChatML's <|im_end|>), not only its generation config's
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [None])[0],
             **sampling,
         )
         for row, i in enumerate(waiting):
