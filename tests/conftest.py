@@ -38,6 +38,13 @@ def _random_verifier(path: Path, seed: int) -> Path:
     return path
 
 
+@pytest.fixture
+def taps_home(tmp_path, monkeypatch) -> Path:
+    """A temporary $TAPS_HOME: feature caches, conversions and weight-hash memos never touch ~/.cache."""
+    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="session")
 def random_verifier_dir(tmp_path_factory) -> Path:
     """A saved HF model directory: BPE tokenizer (~400 tokens) + 2-layer hidden-32 random Llama."""

@@ -16,10 +16,7 @@ from taps_train.data.recipe import load_recipe
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.fixture(autouse=True)
-def taps_home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("taps_home")  # conftest: a temporary $TAPS_HOME
 
 
 @pytest.fixture

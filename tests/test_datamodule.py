@@ -18,9 +18,7 @@ from tests.conftest import write_source
 HIDDEN = 32
 
 
-@pytest.fixture(autouse=True)
-def taps_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("taps_home")  # conftest: a temporary $TAPS_HOME
 
 
 @pytest.fixture

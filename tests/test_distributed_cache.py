@@ -46,10 +46,7 @@ main()
 '''
 
 
-@pytest.fixture(autouse=True)
-def taps_home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("taps_home")  # conftest: a temporary $TAPS_HOME
 
 
 @pytest.fixture

@@ -16,9 +16,7 @@ GREEDY = Regenerate(temperature=0.0, max_new_tokens=6, seed=0)
 SAMPLED = Regenerate(temperature=1.0, max_new_tokens=6, seed=0)
 
 
-@pytest.fixture(autouse=True)
-def taps_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TAPS_HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("taps_home")  # conftest: a temporary $TAPS_HOME
 
 
 @pytest.fixture(scope="module")
