@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.test_cache_cli import cache, recipe, taps_home  # noqa: F401 (fixtures)
+from tests.test_cache_cli import cache, recipe  # noqa: F401 (fixtures)
 
 MANIFEST_DAMAGE = {
     "empty object": lambda m: {},

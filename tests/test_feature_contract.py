@@ -10,7 +10,7 @@ from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.drafter.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
 from taps_train.errors import TapsError
-from tests.test_feature_cache import HIDDEN, data, taps_home, write_recipe  # noqa: F401 - fixtures
+from tests.test_feature_cache import HIDDEN, data, write_recipe  # noqa: F401 - fixtures
 
 THREE_LAYERS = FeatureContract((0, 1, 2))  # the random verifier has 2 layers: embeddings, layer 1, layer 2 (pre-norm)
 
