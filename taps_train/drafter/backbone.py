@@ -65,6 +65,11 @@ class DrafterBackbone(nn.Module, ABC):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the verifier's vocabulary for predicted hidden states."""
 
+    def proposal_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits over the tokens this drafter can propose, and their verifier ids (None: the whole verifier
+        vocabulary in order). Drafting ranks these; a reduced draft vocabulary never widens to the full one."""
+        return self.logits(hidden), None
+
     @abstractmethod
     def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training: the drafter run `steps` times over whole sequences, each pass on its own earlier

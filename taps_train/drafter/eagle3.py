@@ -211,6 +211,9 @@ class Eagle3Drafter(DrafterBackbone):
         full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy(-1, self.draft_token_ids, draft)
 
+    def proposal_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.draft_logits(hidden.to(self.lm_head.weight.dtype)), self.draft_token_ids
+
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only. Module calls throughout: ZeRO-3 gathers a trained weight only
         inside its own module's forward."""

@@ -46,10 +46,9 @@ class KVCache:
         self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=2)
         self.values = values if self.values is None else torch.cat([self.values, values], dim=2)
 
-    def keep(self, positions: torch.Tensor) -> None:
-        """Keep only the cached entries at `positions` (e.g. the accepted path), in that order."""
-        self.keys = self.keys.index_select(2, positions)
-        self.values = self.values.index_select(2, positions)
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (a view: the next append copies anyway)."""
+        self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
 
 class DrafterAttention(nn.Module):

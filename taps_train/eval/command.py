@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
     p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
     p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
     p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
     p.add_argument("--wandb-project", default=None, help="also log the reports to this W&B project (offline without an API key or network)")
     return p
@@ -78,7 +80,8 @@ def run_eval(args: list[str]) -> None:
         decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p,
                                      eos_token_ids=stop_token_ids(verifier.model, verifier.tokenizer))
         results = {
-            name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}").report(
+            name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}",
+                                baseline=options.baseline).report(
                 options.drafters if options.strategy.startswith("route") else None)
             for name, prompts in benchmarks.items()
         }
@@ -155,7 +158,8 @@ def report_path(path: Path, temperature: float, count: int) -> Path:
 
 
 def print_table(reports: dict[float, EvalReport]) -> None:
-    table = Table(title="acceptance length τ ± 95% interval half-width (verified tree tokens per call)")
+    table = Table(title="acceptance length τ ± 95% interval half-width (verified tree tokens per call) "
+                        "and speedup over plain decoding [95% interval]")
     table.add_column("benchmark")
     for temperature in reports:
         table.add_column(f"T={temperature:g}", justify="right")

@@ -13,8 +13,9 @@ from transformers import PreTrainedTokenizerBase
 
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
-from taps_train.eval.intervals import PromptCounts, tau_interval
+from taps_train.eval.intervals import PromptCounts, PromptSpeeds, speedup_interval, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
+from taps_train.spec.baseline import plain_generate
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
 
 
@@ -34,19 +35,29 @@ class BenchmarkTally:
     confidence: dict[str, list[float]] = field(default_factory=lambda: {"accepted": [], "rejected": []})
     prompt_new_tokens: list[int] = field(default_factory=list)
     prompt_verify_calls: list[int] = field(default_factory=list)
+    speed: PromptSpeeds = field(default_factory=PromptSpeeds)
     wall_time_s: float = 0.0
     label: str = ""
     max_new_tokens: int = 0
+    baseline: bool = False  # prompts are also decoded plainly, for the speedup
+    identity_checked: bool = False  # at T=0 the plain decodings were compared with the speculative ones (and equal)
 
-    def add(self, generation: Generation) -> None:
-        for stats in generation.rounds:
-            self._add_round(stats)
-
-    def add_prompt(self, new_tokens: int, verify_calls: int) -> None:
-        """One decoded prompt's totals (all turns), the unit the τ interval resamples."""
+    def add_prompt(self, generations: list[Generation], seconds: float) -> None:
+        """One decoded prompt (its turns' generations and the seconds they took), the unit intervals resample."""
+        new_before, calls_before = self.new_tokens, self.verify_calls
+        for generation in generations:
+            for stats in generation.rounds:
+                self._add_round(stats)
         self.prompts += 1
-        self.prompt_new_tokens.append(new_tokens)
-        self.prompt_verify_calls.append(verify_calls)
+        self.prompt_new_tokens.append(self.new_tokens - new_before)
+        self.prompt_verify_calls.append(self.verify_calls - calls_before)
+        self.speed.tokens.append(sum(len(g.tokens) for g in generations))
+        self.speed.seconds.append(seconds)
+
+    def add_baseline(self, tokens: int, seconds: float) -> None:
+        """The same prompt's plain decoding: tokens emitted and seconds taken."""
+        self.speed.baseline_tokens.append(tokens)
+        self.speed.baseline_seconds.append(seconds)
 
     def _add_round(self, stats: RoundStats) -> None:
         self.new_tokens += stats.new_tokens
@@ -91,7 +102,24 @@ class BenchmarkTally:
             prompt_new_tokens=tuple(self.prompt_new_tokens),
             prompt_verify_calls=tuple(self.prompt_verify_calls),
             tau_ci95=tau_interval(PromptCounts(self.prompt_new_tokens, self.prompt_verify_calls)),
+            **self._speed_fields(),
         )
+
+    def _speed_fields(self) -> dict:
+        """Tokens/s of speculative decoding, and with a baseline its plain decoding's and the speedup with its interval."""
+        speed = self.speed
+        fields = {"tokens_per_s": _rate(speed.tokens, speed.seconds)}
+        if self.baseline:
+            fields["baseline_tokens_per_s"] = _rate(speed.baseline_tokens, speed.baseline_seconds)
+            fields["speedup"] = fields["tokens_per_s"] / fields["baseline_tokens_per_s"] if fields["baseline_tokens_per_s"] else 0.0
+            fields["speedup_ci95"] = speedup_interval(speed)
+        if self.identity_checked:
+            fields["identical_to_greedy"] = True
+        return fields
+
+
+def _rate(tokens: list[int], seconds: list[float]) -> float:
+    return sum(tokens) / sum(seconds) if sum(seconds) > 0 else 0.0
 
 
 def _mean(values: list[float]) -> float | None:
@@ -119,15 +147,15 @@ class TokenProgress:
     def on_round(self, stats: RoundStats) -> None:
         self.new_tokens += stats.new_tokens
         self.verify_calls += 1
-        self._advance(stats.new_tokens)
+        self.advance(stats.new_tokens)
 
     def end_prompt(self, budget: int) -> None:
         """Fill the rest of a finished prompt's budget: each turn's prefill token, an early stop, a skipped prompt."""
         self.done += 1
         self.budget += budget
-        self._advance(self.budget - self.shown)
+        self.advance(self.budget - self.shown)
 
-    def _advance(self, tokens: int) -> None:
+    def advance(self, tokens: int) -> None:
         self.shown += tokens
         tau = self.new_tokens / self.verify_calls if self.verify_calls else 0.0
         self.bar.set_postfix_str(f"{self.done}/{self.prompts} prompts, τ {tau:.2f}", refresh=False)
@@ -135,36 +163,98 @@ class TokenProgress:
 
 
 def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompts: list[Prompt], max_new_tokens: int,
-                  seed: int = 0, label: str = "", progress: bool = True) -> BenchmarkTally:
+                  seed: int = 0, label: str = "", progress: bool = True, baseline: bool = False) -> BenchmarkTally:
     """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer).
 
-    The bar counts tokens against a budget of `max_new_tokens` per turn, advanced after every round.
+    With `baseline`, every prompt is also decoded by plain autoregressive decoding of the same verifier, the
+    order alternating per prompt so that drift of the machine's speed cancels; at T=0 both outputs must be
+    identical. The bar counts tokens against a budget of `max_new_tokens` per turn and decoding.
     """
-    tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens)
+    tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens, baseline=baseline)
     began = time.perf_counter()
-    total = sum(len(p.turns) for p in prompts) * max_new_tokens
+    passes = 2 if baseline else 1
+    total = sum(len(p.turns) for p in prompts) * max_new_tokens * passes
+    if baseline and prompts:
+        _warm_up(decoder, tokenizer, prompts[0])
     with tqdm(total=total, desc=f"decoding {label}", unit="tok", disable=not progress, leave=False) as bar:
         meter = TokenProgress(bar, len(prompts))
         for index, prompt in enumerate(prompts):
-            _decode_prompt(decoder, tokenizer, prompt, max_new_tokens, seed * 100_003 + index * 10, tally, meter.on_round)
-            meter.end_prompt(len(prompt.turns) * max_new_tokens)
+            _decode_prompt(decoder, tokenizer, prompt, index, max_new_tokens, seed * 100_003 + index * 10, tally, meter)
+            meter.end_prompt(len(prompt.turns) * max_new_tokens * passes)
     tally.wall_time_s = time.perf_counter() - began
     return tally
 
 
-def _decode_prompt(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_new_tokens: int, seed: int,
-                   tally: BenchmarkTally, on_round: Callable[[RoundStats], None]) -> None:
-    """All turns of one prompt into `tally`; a prompt that outgrows the verifier's context is counted as skipped."""
-    messages, new_before, calls_before = [], tally.new_tokens, tally.verify_calls
+def _warm_up(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> None:
+    """A few untimed tokens of both decodings, so that one-time costs (kernel selection, allocator growth, thread
+    start-up) fall on neither side of the first timed prompt."""
+    ids = chat_ids(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
     try:
-        for turn_index, turn in enumerate(prompt.turns):
-            messages.append({"role": "user", "content": turn})
-            generation = decoder.generate(chat_ids(tokenizer, messages), max_new_tokens, seed=seed + turn_index, on_round=on_round)
-            tally.add(generation)
-            messages.append({"role": "assistant", "content": tokenizer.decode(generation.tokens, skip_special_tokens=True)})
+        decoder.generate(ids, 4)
+        plain_generate(decoder.verifier, ids, 4, decoder.eos)
+    except TapsError:  # a prompt too long for the context is skipped by the timed run, and counted there
+        pass
+
+
+Replies = list[list[int]]  # the new tokens of each turn
+
+
+def _decode_prompt(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompt: Prompt, index: int, max_new_tokens: int,
+                   seed: int, tally: BenchmarkTally, meter: TokenProgress) -> None:
+    """All turns of one prompt into `tally` (and its plain decoding when the tally keeps a baseline); a prompt that
+    outgrows the verifier's context is counted as skipped."""
+    generations: list[Generation] = []
+
+    def speculative(ids: list[int], turn: int) -> list[int]:
+        generations.append(decoder.generate(ids, max_new_tokens, seed=seed + turn, on_round=meter.on_round))
+        return generations[-1].tokens
+
+    def plain(ids: list[int], turn: int) -> list[int]:
+        tokens = plain_generate(decoder.verifier, ids, max_new_tokens, decoder.eos, decoder.temperature, decoder.top_p, seed + turn)
+        meter.advance(len(tokens))
+        return tokens
+
+    order = [speculative, plain] if index % 2 == 0 else [plain, speculative]
+    try:
+        runs = {decode: _decode_turns(tokenizer, prompt.turns, decode) for decode in (order if tally.baseline else [speculative])}
     except TapsError as err:
         if "exceeds the verifier's context" not in str(err):
             raise
         tally.skipped_too_long += 1
         return
-    tally.add_prompt(tally.new_tokens - new_before, tally.verify_calls - calls_before)
+    replies, seconds = runs[speculative]
+    tally.add_prompt(generations, seconds)
+    if tally.baseline:
+        plain_replies, plain_seconds = runs[plain]
+        if decoder.temperature == 0:
+            _check_identical(replies, plain_replies, tally.label, prompt)
+            tally.identity_checked = True
+        tally.add_baseline(sum(map(len, plain_replies)), plain_seconds)
+
+
+def _decode_turns(tokenizer: PreTrainedTokenizerBase, turns: list[str], decode: Callable[[list[int], int], list[int]]) -> tuple[Replies, float]:
+    """Each turn's reply (a later turn asked after the earlier replies) and the seconds spent decoding them."""
+    messages, replies, seconds = [], [], 0.0
+    for turn_index, turn in enumerate(turns):
+        messages.append({"role": "user", "content": turn})
+        ids = chat_ids(tokenizer, messages)
+        began = time.perf_counter()
+        replies.append(decode(ids, turn_index))
+        seconds += time.perf_counter() - began
+        messages.append({"role": "assistant", "content": tokenizer.decode(replies[-1], skip_special_tokens=True)})
+    return replies, seconds
+
+
+def _check_identical(speculative: Replies, plain: Replies, label: str, prompt: Prompt) -> None:
+    """At T=0 speculative decoding is lossless only if it reproduces plain greedy decoding token for token."""
+    for turn, (ours, reference) in enumerate(zip(speculative, plain)):
+        if ours != reference:
+            at = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
+            got = ours[at] if at < len(ours) else "end"
+            want = reference[at] if at < len(reference) else "end"
+            raise TapsError(
+                f"benchmark {label or '(unnamed)'}, prompt {prompt.id!r}, turn {turn + 1}: speculative decoding at T=0 differs from plain "
+                f"greedy decoding of the verifier at new token {at + 1} (token {got} instead of {want}); the output is not lossless. "
+                "Low-precision verifiers can flip near-tied argmaxes between a tree call and a one-token call: rerun with "
+                "--verifier-dtype float32 to tell such a tie from a decoding bug"
+            )

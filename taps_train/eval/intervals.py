@@ -8,7 +8,7 @@ cancels what the prompts share. Resamples are seeded, so a report's interval is 
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +25,30 @@ class PromptCounts:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(self.new_tokens, dtype=np.float64), np.asarray(self.verify_calls, dtype=np.float64)
+
+
+@dataclass
+class PromptSpeeds:
+    """Per decoded prompt: tokens emitted and seconds taken by speculative decoding and, when the eval keeps a
+    baseline, by plain decoding of the same prompt."""
+
+    tokens: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    baseline_tokens: list[int] = field(default_factory=list)
+    baseline_seconds: list[float] = field(default_factory=list)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(np.asarray(values, dtype=np.float64) for values in (self.tokens, self.seconds, self.baseline_tokens, self.baseline_seconds))
+
+
+def speedup_interval(speeds: PromptSpeeds, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of (Σ tokens / Σ seconds) / (Σ baseline tokens / Σ baseline seconds), resampling
+    prompts jointly for both decodings (each prompt was decoded by both, on the machine in the same state)."""
+    tokens, seconds, baseline_tokens, baseline_seconds = speeds.arrays()
+    if len(baseline_tokens) != len(tokens):
+        raise ValueError(f"a speedup needs both decodings of every prompt: {len(tokens)} vs {len(baseline_tokens)}")
+    picks = _resample_indices(len(tokens), resamples, seed)
+    return _percentiles(_ratio(tokens[picks], seconds[picks]) / _ratio(baseline_tokens[picks], baseline_seconds[picks]), level)
 
 
 def tau_interval(counts: PromptCounts, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
@@ -54,8 +78,9 @@ def _resample_indices(prompts: int, resamples: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, prompts, size=(resamples, prompts))
 
 
-def _ratio(new: np.ndarray, calls: np.ndarray) -> np.ndarray:
-    return new.sum(axis=1) / np.maximum(calls.sum(axis=1), 1.0)
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """Σ numerator / Σ denominator per resample (a zero denominator counts as 1: no calls, no tokens)."""
+    return numerator.sum(axis=1) / np.where(denominator.sum(axis=1) > 0, denominator.sum(axis=1), 1.0)
 
 
 def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:

@@ -44,6 +44,11 @@ class BenchmarkResult:
     (verifier calls per drafter, or `merged`) is present for routed strategies only. The per-prompt counts
     (decoded prompts, in benchmark order; a prompt skipped at a later turn leaves its earlier rounds in the
     pooled sums only) and `tau_ci95`, the 95% bootstrap interval over prompts, are absent from older reports.
+
+    `tokens_per_s` counts every emitted token over the seconds spent decoding (prefills included). With a baseline
+    (`taps-train eval` without `--no-baseline`) the same prompts' plain decoding gives `baseline_tokens_per_s`,
+    `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts); `identical_to_greedy` is true at
+    T=0, where a mismatch stops the eval instead.
     """
 
     acceptance_length: float
@@ -60,6 +65,11 @@ class BenchmarkResult:
     prompt_new_tokens: tuple[int, ...] | None = None
     prompt_verify_calls: tuple[int, ...] | None = None
     tau_ci95: tuple[float, float] | None = None
+    tokens_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    speedup: float | None = None
+    speedup_ci95: tuple[float, float] | None = None
+    identical_to_greedy: bool | None = None
 
     @property
     def prompt_counts(self) -> PromptCounts | None:
@@ -101,10 +111,15 @@ class EvalReport:
 
 
 def tau_cell(result: dict) -> str:
-    """τ ± the half-width of its 95% interval (when the report has one), and verified tree tokens per call."""
+    """τ ± the half-width of its 95% interval (when the report has one), verified tree tokens per call, and the
+    speedup over plain decoding with its interval (when the report has a baseline)."""
     low, high = result.get("tau_ci95") or (None, None)
     spread = f" ± {(high - low) / 2:.2f}" if low is not None else ""
-    return f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
+    cell = f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
+    if result.get("speedup") is not None:
+        low, high = result.get("speedup_ci95") or (None, None)
+        cell += f" {result['speedup']:.2f}×" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
+    return cell
 
 
 def read_report(path: str | Path) -> EvalReport:
@@ -249,6 +264,7 @@ def _benchmark(result: _Object) -> BenchmarkResult:
         routing=({drafter: where.integer(rounds) for drafter, rounds, where in result.object("routing").entries()}
                  if result.present("routing") else None),
         **_prompt_counts(result),
+        **_speed(result),
     )
 
 
@@ -262,12 +278,28 @@ def _prompt_counts(result: _Object) -> dict:
                 raise result.where.at(key).error(f"must hold one count per decoded prompt ({result.data['prompts']}) "
                                                  f"summing to at most {total} ({result.data[total]})")
             fields[key] = counts
-    if result.present("tau_ci95"):
-        bounds = tuple(where.number(value) for value, where in result.items("tau_ci95"))
-        if len(bounds) != 2 or bounds[0] > bounds[1]:
-            raise result.where.at("tau_ci95").error(f"must be [low, high] with low <= high, got {list(bounds)}")
-        fields["tau_ci95"] = bounds
+    for key in ("tau_ci95", "speedup_ci95"):
+        if result.present(key):
+            fields[key] = _interval(result, key)
     return fields
+
+
+def _speed(result: _Object) -> dict:
+    """Tokens/s, the baseline's and the speedup (absent from reports of older versions or without a baseline)."""
+    fields = {key: result.number(key) for key in ("tokens_per_s", "baseline_tokens_per_s", "speedup") if result.present(key)}
+    if result.present("identical_to_greedy"):
+        value = result.data["identical_to_greedy"]
+        if not isinstance(value, bool):
+            raise result.where.at("identical_to_greedy").error(f"must be true or false, got {_kind(value)}")
+        fields["identical_to_greedy"] = value
+    return fields
+
+
+def _interval(result: _Object, key: str) -> tuple[float, float]:
+    bounds = tuple(where.number(value) for value, where in result.items(key))
+    if len(bounds) != 2 or bounds[0] > bounds[1]:
+        raise result.where.at(key).error(f"must be [low, high] with low <= high, got {list(bounds)}")
+    return bounds
 
 
 def _signals(result: _Object, key: str) -> Signals | None:

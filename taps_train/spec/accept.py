@@ -35,6 +35,13 @@ def verifier_distribution(logits: torch.Tensor, temperature: float, top_p: float
     return probs
 
 
+def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """One token from the verifier's own logits [V]: the argmax at T=0, else a draw from its distribution."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(verifier_distribution(logits, temperature, top_p).cpu().double(), 1, generator=generator))
+
+
 def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     path, rejected = [0], []
     targets = logits.argmax(-1).tolist()

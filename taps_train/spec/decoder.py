@@ -17,7 +17,7 @@ from taps_train.spec.accept import (
     Acceptance,
     accept_greedy,
     accept_sampling,
-    verifier_distribution,
+    next_token,
 )
 from taps_train.spec.draft import DrafterState
 from taps_train.spec.tree import DraftTree, TreeConfig, pack
@@ -79,11 +79,6 @@ class SpeculativeDecoder:
         eos = eos_token_ids if eos_token_ids is not None else verifier.generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else (eos or []))
 
-    def _first_token(self, logits: torch.Tensor, generator: torch.Generator) -> int:
-        if self.temperature == 0:
-            return int(logits.argmax())
-        return int(torch.multinomial(verifier_distribution(logits, self.temperature, self.top_p).cpu().double(), 1, generator=generator))
-
     def _accept(self, tree: DraftTree, logits: torch.Tensor, generator: torch.Generator) -> Acceptance:
         if self.temperature == 0:
             return accept_greedy(tree, logits)
@@ -108,7 +103,7 @@ class SpeculativeDecoder:
         generator = torch.Generator().manual_seed(seed)
         prompt = torch.tensor(prompt_ids)
         logits, hidden = session.prefill(prompt)
-        root = self._first_token(logits, generator)
+        root = next_token(logits, self.temperature, self.top_p, generator)
         states = [DrafterState(d) for d in self.drafters]
         for state in states:
             state.extend(hidden, torch.tensor(prompt_ids[1:] + [root]))

@@ -37,7 +37,7 @@ class DrafterState:
     def _truncate(self) -> None:
         """Drop the speculative tree entries of the last round."""
         if len(self.cache) > self.committed:
-            self.cache.keep(torch.arange(self.committed, device=self.cache.keys.device))
+            self.cache.crop(self.committed)
 
     @torch.no_grad()
     def draft(self, root_token: int, config: TreeConfig) -> DraftTree:
@@ -55,26 +55,30 @@ class DrafterState:
         parents_so_far = torch.tensor([-1], device=device)
         cached_nodes = torch.empty(0, dtype=torch.long, device=device)
         for level in range(1, config.levels + 1):
-            log_p = F.log_softmax(self.drafter.logits(frontier_features).float(), dim=-1)
+            logits, vocabulary = self.drafter.proposal_logits(frontier_features)
+            log_p = F.log_softmax(logits.float(), dim=-1)
             p = log_p.exp()
-            top_p, top_tokens = p.topk(config.top_k, dim=-1)
+            k = min(config.top_k, p.shape[-1])  # a draft vocabulary may be smaller than top_k
+            top_p, top_tokens = p.topk(k, dim=-1)
+            if vocabulary is not None:
+                top_tokens = vocabulary[top_tokens]
             candidate_conf = (frontier_conf[:, None] * top_p).flatten()
             count = candidate_conf.numel()
             columns["tokens"].append(top_tokens.flatten())
-            columns["parents"].append(frontier.repeat_interleave(config.top_k))
+            columns["parents"].append(frontier.repeat_interleave(k))
             columns["depths"].append(torch.full((count,), level, device=device))
             columns["probs"].append(top_p.flatten())
             columns["confidence"].append(candidate_conf)
-            # Tokens outside a reduced draft vocabulary have p = 0 (log p = -inf) and add nothing.
-            columns["entropy"].append((-torch.where(p > 0, p * log_p, 0.0).sum(-1)).repeat_interleave(config.top_k))
+            # A probability that underflows to 0 (log p = -inf) adds nothing.
+            columns["entropy"].append((-torch.where(p > 0, p * log_p, 0.0).sum(-1)).repeat_interleave(k))
             parents_so_far = torch.cat([parents_so_far, columns["parents"][-1]])
             if level == config.levels:
                 break
-            chosen = candidate_conf.topk(min(config.top_k, count)).indices
+            chosen = candidate_conf.topk(min(k, count)).indices
             frontier = size + chosen
             frontier_conf = candidate_conf[chosen]
             ancestors = _ancestors(frontier, parents_so_far, level)
-            frontier_features = self._expand(columns["tokens"][-1][chosen], frontier_features[chosen // config.top_k], level,
+            frontier_features = self._expand(columns["tokens"][-1][chosen], frontier_features[chosen // k], level,
                                              cached_nodes, ancestors)
             cached_nodes = torch.cat([cached_nodes, frontier])
             size += count

@@ -110,9 +110,12 @@ class VerifierSession:
         return {index: out.hidden_states[index][0].float() for index in self.hidden_states}
 
     def commit(self, path: list[int]) -> None:
-        """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache."""
-        keep = torch.cat([torch.arange(self.length), self.length + torch.tensor(path, dtype=torch.long)])
+        """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache: the path's
+        entries move to the front of the tree's slots, so the copy is the path's size, not the cache's."""
+        start = self.length
         for layer in self.cache.layers:  # layers may sit on several devices (a sharded verifier)
-            layer.keys = layer.keys.index_select(-2, keep.to(layer.keys.device))
-            layer.values = layer.values.index_select(-2, keep.to(layer.values.device))
+            picked = start + torch.tensor(path, dtype=torch.long, device=layer.keys.device)
+            layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, picked)
+            layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, picked)
+            layer.keys, layer.values = layer.keys[..., : start + len(path), :], layer.values[..., : start + len(path), :]
         self.length += len(path)
