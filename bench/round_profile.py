@@ -129,11 +129,12 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32, 60])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--verifier-dtype", default="auto", help="as taps-train eval's (auto: float32 on a CPU)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cprofile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    verifier = load_verifier(args.verifier)
+    verifier = load_verifier(args.verifier, dtype=args.verifier_dtype)
     model, tokenizer = verifier.model, verifier.tokenizer
     if args.drafter:
         drafter = load_drafter(args.drafter, model, verifier_fingerprint(verifier.path, verifier.tokenizer))

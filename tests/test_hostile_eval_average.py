@@ -107,6 +107,8 @@ EVAL_CASES = {
     "weights-nan": (["--strategy", "average", "--weights", "nan", "nan"], "--weights"),
     "weights-wrong-count": (["--strategy", "average", "--weights", "1"], "--weights"),
     "weights-without-average": (["--strategy", "route-confidence", "--weights", "0.5", "0.5"], "--weights"),
+    "tree-auto-composed": (["--strategy", "route-confidence", "--tree", "auto"], "--tree auto"),
+    "calibration-prompts-0": (["--tree", "auto", "--calibration-prompts", "0"], "--calibration-prompts"),
 }
 
 

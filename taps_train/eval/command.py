@@ -16,9 +16,10 @@ from taps_train.drafter.checkpoint import (
 )
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
-from taps_train.eval.evaluate import run_benchmark
+from taps_train.eval.evaluate import chat_ids, run_benchmark
 from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import EvalReport, TreeShape, tau_cell
+from taps_train.spec.calibrate import TreeCalibration, calibrate_tree
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
@@ -48,9 +49,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=20, help="prompts per benchmark (the first N, fixed order)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
+                   help="fixed: the tree --total-tokens/--depth/--top-k; auto: the shape of most tokens/s measured on this machine, "
+                        "those three options bounding the search (one drafter only)")
     p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
     p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
     p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--calibration-prompts", type=int, default=2, help="--tree auto: prompts per benchmark it measures acceptance on")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
     p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
@@ -73,12 +78,16 @@ def run_eval(args: list[str]) -> None:
     benchmarks = {}
     for spec in options.benchmarks:  # load_benchmark reports skipped records itself
         benchmarks[spec.split(":")[0]] = load_benchmark(spec, options.prompts)[0]
+    eos = stop_token_ids(verifier.model, verifier.tokenizer)
+    calibration = None
+    if options.tree == "auto":
+        calibration = auto_tree(verifier, drafters[0], benchmarks, options, set(eos), tree)
+        tree = calibration.choice.tree
     reports: dict[float, EvalReport] = {}
     written: list[Path] = []
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
-        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p,
-                                     eos_token_ids=stop_token_ids(verifier.model, verifier.tokenizer))
+        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p, eos_token_ids=eos)
         results = {
             name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}",
                                 baseline=options.baseline).report(
@@ -94,6 +103,7 @@ def run_eval(args: list[str]) -> None:
             benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
+            tree_calibration=None if calibration is None else calibration.as_dict(),
         )
         path = report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,6 +115,22 @@ def run_eval(args: list[str]) -> None:
         from taps_train.tracking import log_eval_reports
 
         print(f"W&B run: {log_eval_reports(options.wandb_project, written)}")
+
+
+def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.Namespace, eos: set[int], bound: TreeConfig) -> TreeCalibration:
+    """`--tree auto`: calibrate on the first prompts of every benchmark (first turns) and print the choice."""
+    prompts = [chat_ids(verifier.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+               for items in benchmarks.values() for prompt in items[: options.calibration_prompts]]
+    context = getattr(verifier.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 2**62
+    prompts = [ids for ids in prompts if len(ids) + options.max_new_tokens + bound.levels + 1 <= context]
+    print(f"--tree auto: measuring call costs and acceptance on {len(prompts)} prompts (shapes up to {bound.total_tokens} tokens, "
+          f"depth {bound.depth}, top-k {bound.top_k})")
+    calibration = calibrate_tree(verifier.model, drafter, prompts, eos, bound, continuation_tokens=min(48, options.max_new_tokens))
+    choice = calibration.choice
+    print(f"--tree auto: total tokens {choice.tree.total_tokens}, depth {choice.tree.depth}, top-k {choice.tree.top_k}: expected τ "
+          f"{choice.expected_tau:.2f} at {choice.round_ms:.0f} ms per round = {choice.tokens_per_s:.1f} tokens/s "
+          f"(plain decoding {1000 / calibration.call_ms[1]:.1f} tokens/s)")
+    return calibration
 
 
 def check_options(options: argparse.Namespace) -> None:
@@ -127,6 +153,11 @@ def check_options(options: argparse.Namespace) -> None:
         raise refuse("--temperatures", " ".join(f"{t:g}" for t in bad), "finite values >= 0 (0 is greedy)")
     if not (math.isfinite(options.top_p) and 0 < options.top_p <= 1):
         raise refuse("--top-p", f"{options.top_p:g}", "0 < top-p <= 1 (1 disables nucleus sampling)")
+    if options.tree == "auto" and options.strategy not in ("single", "average"):
+        raise TapsError(f"--tree auto calibrates one drafter's trees; strategy '{options.strategy}' combines several per round. "
+                        "Pass --tree fixed with --total-tokens/--depth/--top-k, or calibrate each drafter alone")
+    if options.calibration_prompts < 1:
+        raise refuse("--calibration-prompts", options.calibration_prompts, "at least 1")
     if options.weights is not None:
         if options.strategy != "average":
             raise TapsError(f"--weights applies only to --strategy average, not '{options.strategy}'; drop --weights or pass --strategy average")

@@ -95,6 +95,7 @@ class EvalReport:
     benchmarks: Mapping[str, BenchmarkResult]
     average_acceptance_length: float
     weights: tuple[float, ...] | None = None
+    tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose; written, never read back
 
     def as_dict(self) -> dict:
         """The JSON object of the file, keys in the order the contract lists them."""
@@ -103,6 +104,8 @@ class EvalReport:
                 "average_acceptance_length": self.average_acceptance_length}
         if self.strategy == "average":
             data["weights"] = None if self.weights is None else list(self.weights)
+        if self.tree_calibration is not None:
+            data["tree_calibration"] = self.tree_calibration
         return data
 
     def to_json(self) -> str:
