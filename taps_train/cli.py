@@ -242,12 +242,14 @@ def run_export_command(args: list[str]) -> None:
     bundle = parser.add_argument_group("bundle (two or more checkpoints)")
     bundle.add_argument("--bundle-strategy", choices=BUNDLE_STRATEGIES, default=None, help="how to combine the drafters (default merge)")
     bundle.add_argument("--domains", nargs="+", default=None, help="one domain name per checkpoint, in order (e.g. math chat)")
+    bundle.add_argument("--tree", choices=["auto"], default=None,
+                        help="auto: the tree `taps-train eval --tree auto` chose, read from --eval-report (instead of --total-tokens/--depth/--top-k)")
     bundle.add_argument("--total-tokens", type=int, default=None, help=f"tree size with the root (default {TreeConfig.total_tokens})")
     bundle.add_argument("--depth", type=int, default=None, help=f"tree depth as in EAGLE-2's code (default {TreeConfig.depth})")
     bundle.add_argument("--top-k", type=int, default=None, help=f"children per expanded node (default {TreeConfig.top_k})")
     options = parser.parse_args(args)
     tree_options = {"total_tokens": options.total_tokens, "depth": options.depth, "top_k": options.top_k}
-    bundle_options = {"--bundle-strategy": options.bundle_strategy, "--domains": options.domains,
+    bundle_options = {"--bundle-strategy": options.bundle_strategy, "--domains": options.domains, "--tree": options.tree,
                       **{f"--{name.replace('_', '-')}": value for name, value in tree_options.items()}}
     common = {"verifier": options.verifier, "overwrite": options.overwrite, "include_embeddings": not options.no_embeddings,
               "tau_table": tau_table_from_reports(options.eval_report) if options.eval_report else None,
@@ -258,9 +260,30 @@ def run_export_command(args: list[str]) -> None:
             raise TapsError(f"bundle options ({', '.join(given)}) need two or more checkpoints; got one")
         print(export_eagle(options.checkpoints[0], options.out, **common))
         return
-    tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
+    if options.tree == "auto":
+        tree = calibrated_tree(options.eval_report, [f"--{name.replace('_', '-')}" for name, value in tree_options.items() if value is not None])
+    else:
+        tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
     print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,
                         domains=options.domains, **common))
+
+
+def calibrated_tree(reports: list[str] | None, explicit: list[str]):
+    """The tree that `taps-train eval --tree auto` chose, from the reports that measured one (they must agree)."""
+    from taps_train.eval.report import read_report
+    from taps_train.spec.tree import TreeConfig
+
+    if explicit:
+        raise TapsError(f"--tree auto takes the tree from --eval-report; drop {', '.join(explicit)}")
+    calibrated = {path: read_report(path) for path in reports or []}
+    calibrated = {path: report for path, report in calibrated.items() if report.tree_calibration is not None}
+    if not calibrated:
+        raise TapsError("--tree auto needs --eval-report with a report of `taps-train eval --tree auto` (none given has a tree_calibration)")
+    trees = {(r.tree.total_tokens, r.tree.depth, r.tree.top_k) for r in calibrated.values()}
+    if len(trees) > 1:
+        raise TapsError(f"--tree auto: the calibrated reports chose different trees ({', '.join(f'{p}: {r.tree}' for p, r in calibrated.items())}); "
+                        "pass one of them, or --total-tokens/--depth/--top-k")
+    return TreeConfig(*trees.pop())
 
 
 def run_report_command(args: list[str]) -> None:

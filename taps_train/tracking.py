@@ -178,7 +178,8 @@ def log_eval_reports(project: str, paths: Iterable[str | Path]) -> Path:
     config = {key: first.as_dict().get(key) for key in ("verifier", "drafters", "strategy", "tree", "weights")}
     run = start_run(lambda mode: wandb.init(project=project, job_type="eval", dir=str(first_path.parent), config=config,
                                             tags=["eval", first.strategy], mode=mode))
-    tau = wandb.Table(columns=["temperature", "benchmark", "acceptance_length", "mean_tree_tokens", "verify_calls", "new_tokens", "prompts", "wall_time_s"])
+    tau = wandb.Table(columns=["temperature", "benchmark", "acceptance_length", "mean_tree_tokens", "verify_calls", "new_tokens", "prompts", "wall_time_s",
+                                "tokens_per_s", "baseline_tokens_per_s", "speedup"])
     depth = wandb.Table(columns=["series", "temperature", "benchmark", "depth", "accept_rate"])
     routing = wandb.Table(columns=["temperature", "benchmark", "drafter", "rounds"])
     for report in reports.values():
@@ -186,6 +187,8 @@ def log_eval_reports(project: str, paths: Iterable[str | Path]) -> Path:
         run.summary[f"tau/average/T{t:g}"] = report.average_acceptance_length
         for name, result in report.benchmarks.items():
             run.summary[f"tau/{name}/T{t:g}"] = result.acceptance_length
+            if result.speedup is not None:
+                run.summary[f"speedup/{name}/T{t:g}"] = result.speedup
             tau.add_data(t, name, *(getattr(result, column) for column in tau.columns[2:]))
             for d, rate in enumerate(result.accept_rate_by_depth, start=1):
                 depth.add_data(f"{name} T={t:g}", t, name, d, rate)

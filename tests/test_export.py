@@ -284,3 +284,31 @@ def test_cli(verifier, fingerprint, random_verifier_dir, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 1 and message in capsys.readouterr().err
+
+
+def test_bundle_tree_auto_takes_the_tree_eval_chose(verifier, fingerprint, tmp_path, capsys):
+    a, b = (save_checkpoint(make_drafter(verifier, s, fc_bias=False), fingerprint, tmp_path / f"{s}.ckpt") for s in (16, 17))
+
+    def report(name: str, tree: dict, calibrated: bool) -> str:
+        data = eval_report([a], "single", 0.0, 3.5, 2.5)
+        data["tree"] = tree
+        if calibrated:
+            data["tree_calibration"] = {"choice": {**tree, "expected_tau": 2.0}, "call_ms_by_tokens": {"1": 50.0}}
+        (tmp_path / name).write_text(json.dumps(data))
+        return str(tmp_path / name)
+
+    auto = report("auto.json", {"total_tokens": 6, "depth": 2, "top_k": 2}, True)
+    fixed = report("fixed.json", {"total_tokens": 60, "depth": 5, "top_k": 10}, False)
+    main(["export", a, b, "--out", str(tmp_path / "bundle"), "--no-embeddings", "--tree", "auto", "--eval-report", fixed, auto])
+    assert json.loads((tmp_path / "bundle" / "bundle.json").read_text())["tree"] == {"total_tokens": 6, "depth": 2, "top_k": 2}
+    other = report("other.json", {"total_tokens": 8, "depth": 3, "top_k": 1}, True)
+    for extra, message in (([], "needs --eval-report with a report of `taps-train eval --tree auto`"),
+                           (["--eval-report", fixed], "needs --eval-report with a report of `taps-train eval --tree auto`"),
+                           (["--eval-report", auto, "--depth", "3"], "drop --depth"),
+                           (["--eval-report", auto, other], "chose different trees")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["export", a, b, "--out", str(tmp_path / "x"), "--no-embeddings", "--tree", "auto", *extra])
+        assert exit_info.value.code == 1 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", a, "--out", str(tmp_path / "y"), "--no-embeddings", "--tree", "auto", "--eval-report", auto])
+    assert "bundle options (--tree) need two or more checkpoints" in capsys.readouterr().err

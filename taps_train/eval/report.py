@@ -95,7 +95,7 @@ class EvalReport:
     benchmarks: Mapping[str, BenchmarkResult]
     average_acceptance_length: float
     weights: tuple[float, ...] | None = None
-    tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose; written, never read back
+    tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose (its `tree` is the choice)
 
     def as_dict(self) -> dict:
         """The JSON object of the file, keys in the order the contract lists them."""
@@ -239,6 +239,7 @@ def _eval_report(report: _Object) -> EvalReport:
         benchmarks=results,
         average_acceptance_length=report.number("average_acceptance_length"),
         weights=_weights(report, len(drafters)) if strategy == "average" else None,
+        tree_calibration=report.object("tree_calibration").data if report.present("tree_calibration") else None,
     )
 
 
