@@ -108,7 +108,10 @@ class DrafterDataModule(LightningDataModule):
                 last state). `taps-train fit` sets it from the model's drafter backbone.
         """
         super().__init__()
-        self.save_hyperparameters()
+        # The verifier's placement for the cache is logged under its own names: the module's verifier_device/verifier_dtype
+        # may differ (a cache built in bfloat16, training in float32), and Lightning refuses two values under one key.
+        self.save_hyperparameters(ignore=["verifier_device", "verifier_dtype"])
+        self.save_hyperparameters({**self.hparams, "cache_verifier_device": verifier_device, "cache_verifier_dtype": verifier_dtype})
         self.recipe_path = recipe
         self.recipe = load_recipe(recipe)
         self.verifier = verifier

@@ -1,7 +1,6 @@
 """A drafter's incremental decoding state and EAGLE-2 dynamic tree drafting."""
 
 import torch
-import torch.nn.functional as F
 
 from taps_train.drafter import DrafterBackbone, KVCache
 from taps_train.drafter.features import FEATURES
@@ -56,8 +55,7 @@ class DrafterState:
         cached_nodes = torch.empty(0, dtype=torch.long, device=device)
         for level in range(1, config.levels + 1):
             logits, vocabulary = self.drafter.proposal_logits(frontier_features)
-            log_p = F.log_softmax(logits.float(), dim=-1)
-            p = log_p.exp()
+            p = torch.softmax(logits.float(), dim=-1)
             k = min(config.top_k, p.shape[-1])  # a draft vocabulary may be smaller than top_k
             top_p, top_tokens = p.topk(k, dim=-1)
             if vocabulary is not None:
@@ -69,8 +67,7 @@ class DrafterState:
             columns["depths"].append(torch.full((count,), level, device=device))
             columns["probs"].append(top_p.flatten())
             columns["confidence"].append(candidate_conf)
-            # A probability that underflows to 0 (log p = -inf) adds nothing.
-            columns["entropy"].append((-torch.where(p > 0, p * log_p, 0.0).sum(-1)).repeat_interleave(k))
+            columns["entropy"].append(torch.special.entr(p).sum(-1).repeat_interleave(k))  # entr(0) = 0: underflow adds nothing
             parents_so_far = torch.cat([parents_so_far, columns["parents"][-1]])
             if level == config.levels:
                 break
