@@ -39,7 +39,8 @@ class Study:
     folders are the study's). max_steps: every fit's budget (None: each config's own, e.g. the paper's 20 epochs). mixtures: name -> a mixture recipe, trained by every backbone. strategies: how
     the specialists are combined (`taps-train eval --strategy`; `average` is uniform). lambdas: weights of the
     first domain's specialist in a two-domain averaging sweep. prompts, max_new_tokens: per benchmark, for
-    every evaluation."""
+    every evaluation. baseline: every evaluation also decodes its prompts plainly, for the speedup next to τ
+    (about doubles evaluation time)."""
 
     name: str
     domains: dict[str, Domain]
@@ -52,6 +53,7 @@ class Study:
     tree: Tree = field(default_factory=Tree)
     prompts: int = 20
     max_new_tokens: int = 64
+    baseline: bool = True
     lambdas: list[float] = field(default_factory=list)
     seed: int = 0
     out_root: str = "checkpoints/studies"

@@ -115,6 +115,8 @@ def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], st
                "--total-tokens", str(study.tree.total_tokens), "--depth", str(study.tree.depth), "--top-k", str(study.tree.top_k)]
     if weights is not None:
         options += ["--weights", *[f"{w:g}" for w in weights]]
+    if not study.baseline:
+        options.append("--no-baseline")
     args = ["eval", "--drafters", *[str(d.outputs[0]) for d in drafters], *options, "--output", str(output)]
     outputs = [report_path(output, t, len(study.temperatures)) for t in study.temperatures]
     fingerprint = _hash({"options": options, "drafters": [d.fingerprint for d in drafters]})

@@ -196,7 +196,7 @@ def _tiny_rate(study: Study, cell: Cell) -> float | None:
     if study.verifier != "taps-tiny":
         return None
     if cell.kind == "eval":
-        return TINY_SECONDS_PER_DECODE * study.max_new_tokens / 64
+        return TINY_SECONDS_PER_DECODE * study.max_new_tokens / 64 * (2 if study.baseline else 1)
     module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
     return TINY_SECONDS_PER_STEP.get(module)
 
