@@ -14,7 +14,7 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.intervals import PromptSpeeds, speedup_interval
 from taps_train.eval.report import read_report, tau_cell
-from taps_train.spec.baseline import plain_generate
+from taps_train.spec.baseline import plain_generate, top_two_gap
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.tree import TreeConfig
 from tests.test_report_reading import valid
@@ -64,13 +64,13 @@ def test_eval_with_a_baseline_reports_speeds_speedup_and_identity_at_t0(verifier
     assert result.speedup == pytest.approx(result.tokens_per_s / result.baseline_tokens_per_s)
     low, high = result.speedup_ci95
     assert 0 < low <= high
-    assert result.identical_to_greedy is True
+    assert result.identical_to_greedy is True and result.greedy_ties == 0
 
 
 def test_eval_at_t_above_0_has_a_speedup_but_no_identity_claim(verifier, tokenizer):
     result = evaluate.run_benchmark(decoder(verifier, temperature=0.8), tokenizer, PROMPTS, MAX_NEW_TOKENS, progress=False,
                                     baseline=True).report()
-    assert result.speedup is not None and result.identical_to_greedy is None
+    assert result.speedup is not None and result.identical_to_greedy is result.greedy_ties is None
 
 
 def test_without_a_baseline_only_the_speculative_speed_is_reported(verifier, tokenizer, monkeypatch):
@@ -121,6 +121,39 @@ def test_a_t0_mismatch_stops_the_eval_naming_benchmark_prompt_turn_and_token(ver
         evaluate.run_benchmark(decoder(verifier), tokenizer, PROMPTS, MAX_NEW_TOKENS, label="math", progress=False, baseline=True)
 
 
+def test_parting_at_a_near_tie_of_the_verifier_is_counted_not_refused(verifier, tokenizer, monkeypatch):
+    """Low precision rounds a tree call and a one-token call differently and flips tied argmaxes: numerics, reported."""
+    plain, gaps = evaluate.plain_generate, []
+
+    def flip_first_prompt(model, ids, *args, **kwargs):
+        tokens = plain(model, ids, *args, **kwargs)
+        if len(gaps) == 0 and len(ids) > 10:
+            tokens[1] = (tokens[1] + 1) % model.config.vocab_size
+        return tokens
+
+    def tied(model, ids):
+        gaps.append(ids)
+        return 0.01, 0.5
+
+    monkeypatch.setattr(evaluate, "plain_generate", flip_first_prompt)
+    monkeypatch.setattr(evaluate, "top_two_gap", tied)
+    result = evaluate.run_benchmark(decoder(verifier), tokenizer, PROMPTS[:1], MAX_NEW_TOKENS, progress=False, baseline=True).report()
+    assert result.identical_to_greedy is False and result.greedy_ties == 1
+    assert len(gaps) == 1 and len(gaps[0]) == len(evaluate.chat_ids(tokenizer, [{"role": "user", "content": PROMPTS[0].turns[0]}])) + 1
+
+
+def test_top_two_gap_tolerance_follows_the_dtype(verifier):
+    ids = [5, 9, 14, 2]
+    gap, tolerance = top_two_gap(verifier, ids)
+    top = verifier(torch.tensor([ids])).logits[0, -1].topk(2).values
+    assert gap == pytest.approx(float(top[0] - top[1]), abs=1e-5) and tolerance == 1e-3  # float32: the floor
+    low = AutoModelForCausalLM.from_config(verifier.config).to(torch.bfloat16).eval()
+    low.load_state_dict(verifier.state_dict())
+    _, tolerance = top_two_gap(low, ids)
+    top = float(low(torch.tensor([ids])).logits[0, -1].float().max())
+    assert tolerance == pytest.approx(max(8 * 2**-7 * abs(top), 1e-3))
+
+
 def test_speedup_interval_resamples_prompts_jointly():
     same = PromptSpeeds(tokens=[10, 20, 30], seconds=[1.0, 2.0, 3.0], baseline_tokens=[10, 20, 30], baseline_seconds=[2.0, 4.0, 6.0])
     assert speedup_interval(same) == pytest.approx((2.0, 2.0))  # every prompt 2x: no spread
@@ -146,7 +179,8 @@ def write(tmp_path, change: dict):
 
 
 def test_reports_with_speeds_read_back(tmp_path):
-    fields = {"tokens_per_s": 12.5, "baseline_tokens_per_s": 8.0, "speedup": 1.5625, "speedup_ci95": [1.4, 1.7], "identical_to_greedy": True}
+    fields = {"tokens_per_s": 12.5, "baseline_tokens_per_s": 8.0, "speedup": 1.5625, "speedup_ci95": [1.4, 1.7], "identical_to_greedy": True,
+              "greedy_ties": 0}
     result = read_report(write(tmp_path, fields)).benchmarks["gsm8k"]
     assert (result.tokens_per_s, result.speedup, result.speedup_ci95, result.identical_to_greedy) == (12.5, 1.5625, (1.4, 1.7), True)
     assert {k: v for k, v in result.as_dict().items() if k in fields} == fields
@@ -160,6 +194,7 @@ def test_reports_with_speeds_read_back(tmp_path):
     ({"speedup_ci95": [1.0]}, "speedup_ci95` must be .low, high."),
     ({"identical_to_greedy": "yes"}, "identical_to_greedy` must be true or false"),
     ({"identical_to_greedy": 1}, "identical_to_greedy` must be true or false"),
+    ({"greedy_ties": -1}, "greedy_ties` must be an integer"),
 ])
 def test_bad_speed_fields_are_refused_naming_the_field(tmp_path, change, message):
     with pytest.raises(TapsError, match=message):

@@ -94,6 +94,10 @@ def run_eval(args: list[str]) -> None:
                 options.drafters if options.strategy.startswith("route") else None)
             for name, prompts in benchmarks.items()
         }
+        for name, result in results.items():
+            if result.greedy_ties:
+                print(f"{name} T=0: {result.greedy_ties} of {result.prompts} outputs parted from plain greedy decoding at near-ties of the "
+                      f"verifier's logits ({verifier.model.dtype} rounding flips them); --verifier-dtype float32 gives token-identical outputs")
         reports[temperature] = EvalReport(
             verifier=options.verifier,
             drafters=tuple(options.drafters),

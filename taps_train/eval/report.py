@@ -47,8 +47,9 @@ class BenchmarkResult:
 
     `tokens_per_s` counts every emitted token over the seconds spent decoding (prefills included). With a baseline
     (`taps-train eval` without `--no-baseline`) the same prompts' plain decoding gives `baseline_tokens_per_s`,
-    `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts); `identical_to_greedy` is true at
-    T=0, where a mismatch stops the eval instead.
+    `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts). At T=0 `identical_to_greedy` says
+    whether every output equalled plain greedy decoding; `greedy_ties` counts the prompts that parted from it at a
+    near-tie of the verifier's logits (low-precision rounding; parting elsewhere stops the eval).
     """
 
     acceptance_length: float
@@ -70,6 +71,7 @@ class BenchmarkResult:
     speedup: float | None = None
     speedup_ci95: tuple[float, float] | None = None
     identical_to_greedy: bool | None = None
+    greedy_ties: int | None = None
 
     @property
     def prompt_counts(self) -> PromptCounts | None:
@@ -291,6 +293,8 @@ def _prompt_counts(result: _Object) -> dict:
 def _speed(result: _Object) -> dict:
     """Tokens/s, the baseline's and the speedup (absent from reports of older versions or without a baseline)."""
     fields = {key: result.number(key) for key in ("tokens_per_s", "baseline_tokens_per_s", "speedup") if result.present(key)}
+    if result.present("greedy_ties"):
+        fields["greedy_ties"] = result.integer("greedy_ties")
     if result.present("identical_to_greedy"):
         value = result.data["identical_to_greedy"]
         if not isinstance(value, bool):

@@ -23,3 +23,14 @@ def plain_generate(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens
         output.append(next_token(logits.float(), temperature, top_p, generator))
         ids = torch.tensor([[output[-1]]], device=device)
     return output
+
+
+@torch.no_grad()
+def top_two_gap(model: PreTrainedModel, ids: list[int]) -> tuple[float, float]:
+    """The verifier's gap between its two best next-token logits after `ids`, and the largest gap its compute dtype's
+    rounding can flip: 8 units in the last place at the top logit's magnitude, at least 1e-3 (float32's error over
+    a deep network). Outputs that part at such a tie differ by numerics, not by decoding."""
+    device = model.get_input_embeddings().weight.device
+    logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=1).logits[0, -1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1]), max(8 * torch.finfo(logits.dtype).eps * abs(float(top[0])), 1e-3)
