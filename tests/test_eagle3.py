@@ -10,6 +10,7 @@ from taps_train.drafter.checkpoint import load_drafter, read_checkpoint
 from taps_train.drafter.features import FEATURES
 from taps_train.spec.accept import verifier_distribution
 from taps_train.spec.decoder import SpeculativeDecoder
+from taps_train.spec.draft import DrafterState
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
 from taps_train.training import Eagle3Module
@@ -67,6 +68,24 @@ def test_logits_are_minus_infinity_outside_the_draft_vocabulary(verifier):
     inside = drafter.t2d
     assert inside.sum() == 37 and torch.isfinite(logits[:, inside]).all() and torch.isneginf(logits[:, ~inside]).all()
     assert torch.equal(drafter.draft_token_ids, inside.nonzero().flatten())  # ascending, and d2t maps draft -> verifier ids
+
+
+def test_drafting_proposes_only_draft_vocabulary_tokens_scored_as_over_the_full_vocabulary(verifier):
+    """Drafting ranks the draft vocabulary's logits directly (no full-vocabulary copy), with the probabilities and
+    entropies the full-vocabulary logits give; a top_k above the draft vocabulary proposes each of its tokens once."""
+    drafter = random_eagle3(verifier, seed=2, draft_vocab=5)
+    state = DrafterState(drafter)
+    hidden = {i: torch.randn(6, verifier.config.hidden_size) for i in drafter.feature_contract().hidden_state_indices}
+    state.extend(hidden, torch.tensor([3, 9, 4, 1, 5, 9]))
+    tree = state.draft(7, TreeConfig(total_tokens=40, depth=2, top_k=8))
+    allowed = set(drafter.draft_token_ids.tolist())
+    assert set(tree.tokens[1:].tolist()) <= allowed
+    root_children = tree.children(0)
+    assert sorted(tree.tokens[root_children].tolist()) == sorted(allowed)
+    full = torch.softmax(drafter.logits(state.root_feature[None]).float(), dim=-1)[0]
+    torch.testing.assert_close(tree.probs[root_children], full[tree.tokens[root_children]])
+    entropy = -(full[full > 0] * full[full > 0].log()).sum()
+    torch.testing.assert_close(tree.entropy[root_children[0]], entropy)
 
 
 @pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(total_tokens=8, depth=2, top_k=3)])
