@@ -2,7 +2,7 @@
 # GPU smoke test of the real-verifier path (issue 10): stand-in (or given) verifier -> feature cache on
 # the GPU in bf16 -> 30-step bf16-mixed fit (DDP on 1 GPU; DeepSpeed ZeRO-2 too when installed) -> T=0
 # eval, checked token for token against the verifier's own HF greedy output -> export. Prints the wall
-# time and peak GPU memory of every stage. About 5-8 minutes on one modern GPU.
+# time and peak GPU memory of every stage, then bench/speedup.py's tokens/s against HF greedy and prompt lookup. About 5-8 minutes on one modern GPU.
 #
 #   bench/gpu_smoke.sh [--verifier PATH] [--device cuda|cpu] [--work DIR] [--steps N] [--layers N] [--hidden H]
 #
@@ -138,6 +138,10 @@ for dtype in ["float32"] + (["bfloat16"] if device != "cpu" else []):
 EOF
 }
 stage lossless lossless
+
+# Wall-clock speedup on this device: HF greedy, HF prompt lookup and taps-train with --tree auto, one run.
+stage speedup python bench/speedup.py --verifier "$VERIFIER" --drafters "$CKPT" --device "$DEVICE" --verifier-dtype "$DTYPE" \
+  --benchmarks math_heldout --prompts 4 --max-new-tokens 64
 
 stage export taps-train export "$CKPT" --out "$WORK/export" --verifier "$VERIFIER" --overwrite
 

@@ -169,8 +169,8 @@ def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBas
     """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer).
 
     With `baseline`, every prompt is also decoded by plain autoregressive decoding of the same verifier, the
-    order alternating per prompt so that drift of the machine's speed cancels; at T=0 both outputs must be
-    identical. The bar counts tokens against a budget of `max_new_tokens` per turn and decoding.
+    order alternating per prompt so that drift of the machine's speed cancels; at T=0 the two outputs are compared
+    token for token (`_same_as_greedy`). The bar counts tokens against a budget of `max_new_tokens` per turn and decoding.
     """
     tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens, baseline=baseline)
     began = time.perf_counter()
