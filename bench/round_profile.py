@@ -150,7 +150,7 @@ def main() -> None:
     timer = PhaseTimer()
     timer.wrap(model, "forward", "verifier")
     timer.wrap(drafter, "forward", "drafter")
-    timer.wrap(drafter, "logits", "drafter")
+    timer.wrap(drafter, "proposal_logits", "drafter")  # what drafting calls (EAGLE-2's calls its logits inside)
     rounds, total = 0, 0.0
     with profiled(args.cprofile):
         for prompt in prompts:
@@ -158,7 +158,7 @@ def main() -> None:
             generation = decoder.generate(prompt, args.max_new_tokens)
             total += time.perf_counter() - began
             rounds += len(generation.rounds)
-    del model.forward, drafter.forward, drafter.logits  # back to the class methods
+    del model.forward, drafter.forward, drafter.proposal_logits  # back to the class methods
     verifier_s, drafter_s = timer.seconds["verifier"], timer.seconds["drafter"]
     bookkeeping = total - verifier_s - drafter_s
     print(f"(a) {rounds} rounds, {total / rounds * 1000:.0f} ms per round (prefills included in the verifier share): "
