@@ -24,9 +24,9 @@ from taps_train.drafter.checkpoint import load_drafter
 from taps_train.drafter.eagle3 import eagle3_config
 from taps_train.drafter.model import Drafter
 from taps_train.eval.benchmarks import load_benchmark
-from taps_train.eval.evaluate import chat_ids
+from taps_train.eval.evaluate import first_turn_ids
 from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import DraftTree, TreeConfig, pack
+from taps_train.spec.tree import TreeConfig, chain, pack
 from taps_train.spec.verify import VerifierSession
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
@@ -59,11 +59,6 @@ def random_drafter(backbone: str, verifier):
     if backbone == "eagle3":
         drafter.set_draft_vocabulary(torch.randperm(config.vocab_size)[: drafter.config.draft_vocab_size])
     return drafter.eval()
-
-
-def chain(tokens: list[int]) -> DraftTree:
-    n = len(tokens)
-    return DraftTree(torch.tensor(tokens), torch.arange(-1, n - 1), torch.arange(n), torch.ones(n), torch.ones(n), torch.zeros(n))
 
 
 def crop(cache: DynamicCache, length: int) -> None:
@@ -140,7 +135,7 @@ def main() -> None:
         drafter = load_drafter(args.drafter, model, verifier_fingerprint(verifier.path, verifier.tokenizer))
     else:
         drafter = random_drafter(args.backbone, model)
-    prompts = [chat_ids(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in load_benchmark(args.benchmark, args.prompts)[0]]
+    prompts = [first_turn_ids(tokenizer, p) for p in load_benchmark(args.benchmark, args.prompts)[0]]
     tree = TreeConfig(args.total_tokens, args.depth, args.top_k)
     print(f"verifier {args.verifier} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {model.dtype}), "
           f"drafter {args.drafter or 'random ' + args.backbone}, tree {tree}, {torch.get_num_threads()} threads")

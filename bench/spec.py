@@ -19,9 +19,9 @@ from taps_train.data.datamodule import DrafterDataModule
 from taps_train.drafter.checkpoint import load_drafter
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.callback import AcceptanceLengthCallback
-from taps_train.eval.evaluate import chat_ids
+from taps_train.eval.evaluate import first_turn_ids
 from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import DraftTree, TreeConfig
+from taps_train.spec.tree import DraftTree, TreeConfig, chain
 from taps_train.training import HassModule
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import load_verifier
@@ -40,12 +40,9 @@ def oracle(reference: list[int], levels: int):
         root = int(trees[0].tokens[0])
         emitted = strategy.emitted
         assert reference[emitted - 1] == root, "oracle lost track of the output"
-        chain = reference[emitted : emitted + levels]
-        n = len(chain)
-        tree = DraftTree(torch.tensor([root] + chain), torch.arange(-1, n), torch.arange(n + 1), torch.ones(n + 1),
-                         torch.ones(n + 1), torch.zeros(n + 1))
-        strategy.emitted += n + 1
-        return tree, 0
+        proposed = reference[emitted : emitted + levels]
+        strategy.emitted += len(proposed) + 1
+        return chain([root] + proposed), 0
 
     strategy.emitted = 1
     return strategy
@@ -83,7 +80,7 @@ def main() -> None:
     spec_tokens = plain_tokens = 0
     oracle_new = oracle_calls = oracle_cut = 0
     for prompt in prompts:
-        ids = chat_ids(verifier.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+        ids = first_turn_ids(verifier.tokenizer, prompt)
         began = time.perf_counter()
         reference = plain_greedy(verifier.model, ids, args.max_new_tokens, eos)
         plain_time += time.perf_counter() - began

@@ -21,7 +21,7 @@ import torch
 
 from taps_train.drafter.checkpoint import load_drafter
 from taps_train.eval.benchmarks import load_benchmark
-from taps_train.eval.evaluate import chat_ids
+from taps_train.eval.evaluate import first_turn_ids
 from taps_train.spec.calibrate import calibrate_tree
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.tree import TreeConfig
@@ -64,7 +64,7 @@ def main() -> None:
     verifier = load_verifier(args.verifier, args.device, args.verifier_dtype)
     model, tokenizer = verifier.model, verifier.tokenizer
     eos = stop_token_ids(model, tokenizer)
-    benchmarks = {name: [chat_ids(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in load_benchmark(name, args.prompts)[0]]
+    benchmarks = {name: [first_turn_ids(tokenizer, p) for p in load_benchmark(name, args.prompts)[0]]
                   for name in args.benchmarks}
     print(f"verifier {args.verifier} ({model.dtype}, {model.device}), {torch.get_num_threads()} threads, "
           f"{args.prompts} prompts per benchmark, {args.max_new_tokens} new tokens, T=0")

@@ -16,7 +16,7 @@ from taps_train.drafter.checkpoint import (
 )
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
-from taps_train.eval.evaluate import chat_ids, run_benchmark
+from taps_train.eval.evaluate import first_turn_ids, run_benchmark
 from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import EvalReport, TreeShape, tau_cell
 from taps_train.spec.calibrate import TreeCalibration, calibrate_tree
@@ -123,7 +123,7 @@ def run_eval(args: list[str]) -> None:
 
 def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.Namespace, eos: set[int], bound: TreeConfig) -> TreeCalibration:
     """`--tree auto`: calibrate on the first prompts of every benchmark (first turns) and print the choice."""
-    prompts = [chat_ids(verifier.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    prompts = [first_turn_ids(verifier.tokenizer, prompt)
                for items in benchmarks.values() for prompt in items[: options.calibration_prompts]]
     context = getattr(verifier.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 2**62
     prompts = [ids for ids in prompts if len(ids) + options.max_new_tokens + bound.levels + 1 <= context]

@@ -133,6 +133,11 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]])
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def first_turn_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """The chat-formatted ids of a prompt's opening user turn (what calibration and benches decode)."""
+    return chat_ids(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+
+
 class TokenProgress:
     """Advances a benchmark's bar by the tokens each decoding round emits, so a verifier that takes minutes
     per prompt still shows progress; the postfix says how many prompts are done and the running τ."""
@@ -190,7 +195,7 @@ def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBas
 def _warm_up(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> None:
     """A few untimed tokens of both decodings, so that one-time costs (kernel selection, allocator growth, thread
     start-up) fall on neither side of the first timed prompt."""
-    ids = chat_ids(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    ids = first_turn_ids(tokenizer, prompt)
     try:
         decoder.generate(ids, 4)
         plain_generate(decoder.verifier, ids, 4, decoder.eos)

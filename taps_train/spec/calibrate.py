@@ -27,7 +27,7 @@ from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
 from taps_train.spec.baseline import plain_generate
 from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import DraftTree, TreeConfig, pack
+from taps_train.spec.tree import DraftTree, TreeConfig, chain, pack
 from taps_train.spec.verify import VerifierSession
 
 CALL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -187,9 +187,7 @@ def _call_costs(model, hidden_indices, ids: list[int], largest: int) -> dict[int
     prefix = session.length
     costs = {}
     for size in sorted({s for s in CALL_SIZES if s <= largest} | {largest}):
-        chain = DraftTree(torch.tensor((ids * size)[:size]), torch.arange(-1, size - 1), torch.arange(size), torch.ones(size),
-                          torch.ones(size), torch.zeros(size))
-        packed = pack(chain, prefix)
+        packed = pack(chain((ids * size)[:size]), prefix)
 
         def call():
             session.tree_forward(packed)

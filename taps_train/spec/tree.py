@@ -81,6 +81,12 @@ def root_only(token: int) -> DraftTree:
     return DraftTree(torch.tensor([token]), torch.tensor([-1]), torch.zeros(1, dtype=torch.long), one, one.clone(), torch.zeros(1))
 
 
+def chain(tokens: list[int]) -> DraftTree:
+    """A tree that is one path: the root (tokens[0]) and each next token the child of the one before."""
+    n = len(tokens)
+    return DraftTree(torch.tensor(tokens), torch.arange(-1, n - 1), torch.arange(n), torch.ones(n), torch.ones(n), torch.zeros(n))
+
+
 @dataclass
 class PackedTree:
     """What the verifier needs: ids, positions (prefix length + depth), and the tree part of the mask."""
