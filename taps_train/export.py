@@ -25,9 +25,11 @@ Two layouts differ only where the engines do:
 - `vllm` (`speculative_config={"method": "eagle", "model": DIR, "num_speculative_tokens": N}`):
   architecture `LlamaForCausalLM`, because vLLM's EAGLE config prefixes the draft's architecture
   with `Eagle` (-> its `EagleLlamaForCausalLM`); `LlamaForCausalLMEagle` would become an unregistered
-  name. The vLLM EAGLE-1 Llama draft we read builds `fc` without a bias and skips `fc.bias`, so an
-  fc-bias (HASS-style) drafter exports with a warning. vLLM shares the embedding with the target
-  when the draft runs without pipeline parallelism.
+  name. vLLM's EAGLE-1 Llama draft builds `fc` without a bias and its loader drops `fc.bias` silently,
+  so an fc-bias (HASS-style) drafter is exported with the bias folded into attention biases
+  (`fold_fc_bias`, `attention_bias: true`): the same function. `bias` is false there, since vLLM reads
+  `bias: true` as attention biases. vLLM shares the embedding with the target when the draft runs
+  without pipeline parallelism.
 
 EAGLE-3 drafters (`Eagle3Drafter`) keep their checkpoint's keys (`fc` [H, 3H], `midlayer.*` with
 `hidden_norm` and 2H-wide q/k/v, `norm`, a draft-vocabulary `lm_head`, `d2t`/`t2d`) and add
@@ -73,6 +75,7 @@ from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_fil
 from taps_train.verifier.portable import portable_config
 
 LAYOUTS = ("eagle", "vllm", "speculators")
+FOLDED_BIAS = "layers.0.self_attn.o_proj.bias"  # where a vllm export keeps a folded fc bias (`fold_fc_bias`)
 # The architecture name each engine loads a backbone's draft under, per layout.
 SERVING_ARCHITECTURES = {
     (Drafter.architecture, "eagle"): "LlamaForCausalLMEagle",
@@ -185,6 +188,8 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> DrafterBa
 
 
 def _eagle_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> Drafter:
+    if config_dict.get("attention_bias") and FOLDED_BIAS in tensors:
+        tensors = unfold_fc_bias(tensors, where)
     has_bias = "fc.bias" in tensors
     config = LlamaConfig.from_dict({**config_dict, "architectures": [Drafter.architecture]})  # the eagle or the vllm name
     config.fc_bias = bool(config_dict.get("fc_bias", has_bias))
@@ -308,16 +313,15 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
         _check_exportable_layers(source, verifier)
     elif layout == "eagle" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(source.config.hidden_size, dtype=torch_dtype)
-    if layout == "vllm" and source.config.fc_bias and not _is_eagle3(source.config):
-        warnings.warn(f"{source.where} has an fc bias (HASS-style); vLLM's EAGLE-1 Llama draft builds fc without one and "
-                      "ignores fc.bias, so its drafts would differ from taps-train's; serve it with SGLang (--format eagle) "
-                      "or check that your vLLM version loads fc.bias", stacklevel=3)
     if include_embeddings:
         embedding, _ = verifier.read_parts()  # the head stays unread on disk
         tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
     check_tensors(tensors, backbone_class(source.config).tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings),
                   source.where, index_tensors)
+    if layout == "vllm" and "fc.bias" in tensors and not _is_eagle3(source.config):
+        tensors = fold_fc_bias(tensors)
     config = serving_config(source.config, layout, dtype, bias="fc.bias" in tensors)
+    config["attention_bias"] = FOLDED_BIAS in tensors
     if layout == "speculators":
         architectures = list(verifier.config.architectures or []) if verifier is not None else []
         config = speculators.speculators_config(config, source.config, source.checkpoint["taps"]["verifier"]["path"], architectures, dtype)
@@ -325,6 +329,37 @@ def _write_drafter(source: _Source, directory: Path, verifier: VerifierFiles | N
     _write_json(directory / "config.json", config)
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     _write_json(directory / "taps_export.json", _provenance(source, layout, dtype, include_embeddings, verifier, tau_table))
+
+
+def fold_fc_bias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same drafter without `fc.bias`, for vLLM's EAGLE-1 Llama draft, which has no fc bias (its loader drops
+    `fc.bias` without a word) but builds q/k/v/o biases when the config says `attention_bias`. The layer has no input
+    norm, so fc's bias b reaches attention only through q, k and v (biases W_q b, W_k b, W_v b) and the output only
+    through the residual (o_proj's bias b): the function is unchanged up to rounding (computed in float64)."""
+    tensors = dict(tensors)
+    bias = tensors.pop("fc.bias").double()
+    dtype = tensors["fc.weight"].dtype
+    for name in ("q", "k", "v"):
+        weight = tensors[f"layers.0.self_attn.{name}_proj.weight"]
+        tensors[f"layers.0.self_attn.{name}_proj.bias"] = (weight.double() @ bias).to(dtype)
+    tensors[FOLDED_BIAS] = bias.to(dtype)
+    return tensors
+
+
+def unfold_fc_bias(tensors: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """`fold_fc_bias` undone: attention biases that are not a folded fc bias are refused (taps-train's drafter has none)."""
+    tensors = dict(tensors)
+    bias = tensors.pop(FOLDED_BIAS).double()
+    for name in ("q", "k", "v"):
+        key = f"layers.0.self_attn.{name}_proj.bias"
+        if key not in tensors:
+            raise TapsError(f"{where}: config.json says attention_bias but {key} is missing; re-export the drafter")
+        folded = tensors[f"layers.0.self_attn.{name}_proj.weight"].double() @ bias
+        if not torch.allclose(tensors.pop(key).double(), folded, rtol=2e-2, atol=1e-3 * (float(folded.abs().max()) + 1e-6)):
+            raise TapsError(f"{where}: {key} is not the fc bias folded through {name}_proj (W b); taps-train's drafter has no "
+                            "attention biases of its own, so this is not one of its exports")
+    tensors["fc.bias"] = bias.to(tensors["fc.weight"].dtype)
+    return tensors
 
 
 def serving_config(config: LlamaConfig, layout: str, dtype: str, bias: bool) -> dict:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -83,9 +83,12 @@ def causal_rope_attention(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: s
     """Causal GQA self-attention with RoPE (base `rope_theta`) at positions 0..n-1, before `o_proj`: [n, heads * head_dim]."""
     heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     length = x.shape[0]
-    q = (x @ w[f"{prefix}.q_proj.weight"].T).view(length, heads, head_dim).transpose(0, 1)
-    k = (x @ w[f"{prefix}.k_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
-    v = (x @ w[f"{prefix}.v_proj.weight"].T).view(length, kv_heads, head_dim).transpose(0, 1)
+    def project(name: str) -> torch.Tensor:  # attention biases only where the file has them (a vllm export's folded fc bias)
+        return x @ w[f"{prefix}.{name}_proj.weight"].T + w.get(f"{prefix}.{name}_proj.bias", 0)
+
+    q = project("q").view(length, heads, head_dim).transpose(0, 1)
+    k = project("k").view(length, kv_heads, head_dim).transpose(0, 1)
+    v = project("v").view(length, kv_heads, head_dim).transpose(0, 1)
     inv_freq = config["rope_theta"] ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     angles = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
@@ -96,28 +99,52 @@ def causal_rope_attention(x: torch.Tensor, w: dict[str, torch.Tensor], prefix: s
     return (scores.softmax(-1) @ v).transpose(0, 1).reshape(length, heads * head_dim)
 
 
-def reference_eagle_logits(directory, lm_head: torch.Tensor, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-    """EAGLE-1/2 draft step written from the key layout alone (config.json + model.safetensors)."""
+def reference_eagle_logits(directory, lm_head: torch.Tensor, ids: torch.Tensor, features: torch.Tensor, engine: str = "sglang") -> torch.Tensor:
+    """EAGLE-1/2 draft step written from the key layout alone (config.json + model.safetensors), as the engine reads it:
+    SGLang's draft adds `fc.bias`; vLLM's has no fc bias (its loader drops the key) and builds q/k/v/o biases when the
+    config says `attention_bias` or `bias`."""
     config = json.loads((directory / "config.json").read_text())
     w = load_file(directory / "model.safetensors")
-    x = torch.cat([w["embed_tokens.weight"][ids], features], dim=-1) @ w["fc.weight"].T + w["fc.bias"]
-    h = x + causal_rope_attention(x, w, "layers.0.self_attn", config) @ w["layers.0.self_attn.o_proj.weight"].T
+    if engine == "vllm":
+        w.pop("fc.bias", None)
+        assert bool(config.get("attention_bias") or config.get("bias")) == ("layers.0.self_attn.o_proj.bias" in w), "vLLM would build biases the file lacks"
+    x = torch.cat([w["embed_tokens.weight"][ids], features], dim=-1) @ w["fc.weight"].T + w.get("fc.bias", 0)
+    h = x + causal_rope_attention(x, w, "layers.0.self_attn", config) @ w["layers.0.self_attn.o_proj.weight"].T + w.get("layers.0.self_attn.o_proj.bias", 0)
     n = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + config["rms_norm_eps"]) * w["layers.0.post_attention_layernorm.weight"]
     gate, up = n @ w["layers.0.mlp.gate_proj.weight"].T, n @ w["layers.0.mlp.up_proj.weight"].T
     h = h + (torch.nn.functional.silu(gate) * up) @ w["layers.0.mlp.down_proj.weight"].T
     return h @ lm_head.T
 
 
+@pytest.mark.parametrize("layout", ["eagle", "vllm"])
 @pytest.mark.parametrize("fc_bias", [False, True], ids=["eagle2", "hass"])
-def test_independent_eagle_reader_matches_the_drafter(verifier, fingerprint, random_verifier_dir, tmp_path, fc_bias):
+def test_independent_eagle_reader_matches_the_drafter(verifier, fingerprint, random_verifier_dir, tmp_path, fc_bias, layout):
+    """What each engine computes from the files equals the drafter; for a HASS drafter under vLLM this holds only
+    because the fc bias is folded into attention biases (vLLM drops `fc.bias`)."""
     drafter = make_drafter(verifier, 4, fc_bias)
+    if fc_bias:
+        with torch.no_grad():
+            drafter.fc.bias.uniform_(-1, 1)  # large enough that dropping it would show
     out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
-                       verifier=str(random_verifier_dir), dtype="float32")
+                       verifier=str(random_verifier_dir), dtype="float32", layout=layout)
     config = json.loads((out / "config.json").read_text())
-    assert config["rope_scaling"] is None and config["architectures"] == ["LlamaForCausalLMEagle"]
+    assert config["rope_scaling"] is None and config["architectures"] == [{"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}[layout]]
     ids, features = random_inputs(drafter, length=9, seed=1)
     expected = drafter_logits(drafter, ids, features)[0]
-    torch.testing.assert_close(reference_eagle_logits(out, verifier.lm_head.weight, ids[0], features[0]), expected, atol=2e-5, rtol=1e-5)
+    engine = {"eagle": "sglang", "vllm": "vllm"}[layout]
+    torch.testing.assert_close(reference_eagle_logits(out, verifier.lm_head.weight, ids[0], features[0], engine), expected, atol=2e-5, rtol=1e-5)
+    loaded = load_exported(out, verifier)  # and taps-train reads it back (unfolding the bias)
+    torch.testing.assert_close(drafter_logits(loaded, ids, features), drafter_logits(drafter, ids, features), atol=2e-5, rtol=1e-5)
+
+
+def test_vllm_export_refuses_attention_biases_that_are_no_folded_fc_bias(verifier, fingerprint, tmp_path):
+    drafter = make_drafter(verifier, 5, fc_bias=True)
+    out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", layout="vllm", dtype="float32")
+    tensors = load_file(out / "model.safetensors")
+    tensors["layers.0.self_attn.k_proj.bias"] += 1.0
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(TapsError, match="k_proj.bias is not the fc bias folded"):
+        load_exported(out, verifier)
 
 
 def test_config_and_bf16_tensors(verifier, fingerprint, random_verifier_dir, tmp_path):
@@ -170,8 +197,11 @@ def test_vllm_layout_and_no_embeddings(verifier, fingerprint, tmp_path):
     eagle = export_eagle(plain, tmp_path / "eagle", include_embeddings=False)
     assert not load_file(eagle / "model.safetensors")["fc.bias"].any()  # SGLang's draft fc always has a bias
     hass = save_checkpoint(make_drafter(verifier, 7, fc_bias=True), fingerprint, tmp_path / "hass.ckpt")
-    with pytest.warns(UserWarning, match="vLLM's EAGLE-1 Llama draft builds fc without"):
-        export_eagle(hass, tmp_path / "vllm_hass", layout="vllm", include_embeddings=False)
+    out = export_eagle(hass, tmp_path / "vllm_hass", layout="vllm", include_embeddings=False)
+    folded = [f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"]
+    assert sorted(load_file(out / "model.safetensors")) == sorted(["fc.weight", *LAYER_KEYS, *folded])  # no fc.bias: vLLM drops it
+    config = json.loads((out / "config.json").read_text())
+    assert config["attention_bias"] is True and config["bias"] is False and config["fc_bias"] is True
 
 
 def test_refuses_bad_inputs(verifier, fingerprint, random_verifier_dir, tmp_path):
