@@ -1,0 +1,210 @@
+"""Exports served by vLLM against taps-train's own decoding: agreement per backbone and format, broken-export
+controls, and vLLM's serving speed with and without the draft (T=0, greedy chains of k tokens).
+
+For each drafter checkpoint, every export format vLLM serves is written (float32) and decoded by vLLM on the same
+prompts as taps-train's own chain decoding of the checkpoint (taps_train/engine/agreement.py says what is compared).
+Then deliberately broken copies of the exports (a layer id off by one, another RoPE base, the fc bias dropped, d2t
+shifted, two norms swapped) go through the same comparison, each of which must be told apart. Last, each drafter's
+vllm export is timed without draft recording, vLLM decoding every prompt with and without it, alternately.
+
+    python bench/engine.py --engine-python ~/vllm-venv/bin/python \\
+        --drafter eagle2=checkpoints/smol_eagle2_math/best-step=400.ckpt --drafter hass=checkpoints/smol_hass_math/last.ckpt \\
+        --drafter eagle3=checkpoints/smol_eagle3_math/best-step=300.ckpt --out docs/results/engine
+"""
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from taps_train.drafter.checkpoint import load_drafter
+from taps_train.engine.agreement import Agreement, compare, taps_chains, vllm_chains
+from taps_train.engine.serve import VllmRequest, load_problems, run_worker, served_draft, vllm_version
+from taps_train.eval.benchmarks import load_benchmark
+from taps_train.eval.evaluate import first_turn_ids
+from taps_train.export import export_eagle
+from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.generation import stop_token_ids
+from taps_train.verifier.loading import load_verifier
+
+
+def formats(backbone: str) -> list[tuple[str, bool]]:
+    """(export layout, served alone) pairs vLLM serves for a backbone."""
+    return [("vllm", False), ("speculators", False), ("speculators", True)] if backbone == "eagle3" else [("vllm", False)]
+
+
+def _edit_config(directory: Path, change) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    change(config)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _edit_tensors(directory: Path, change) -> None:
+    tensors = load_file(directory / "model.safetensors")
+    change(tensors)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def _layer_ids_off_by_one(directory: Path) -> None:
+    _edit_config(directory, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[i + 1 for i in c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]))
+
+
+def _rope_base_of_llama2(directory: Path) -> None:
+    def change(config):
+        config["rope_theta"] = 10000.0
+        config.setdefault("rope_parameters", {})["rope_theta"] = 10000.0
+    _edit_config(directory, change)
+
+
+def _fc_bias_dropped(directory: Path) -> None:
+    """What vLLM served before the fold: the attention biases gone (and the config without them)."""
+    _edit_tensors(directory, lambda t: [t.pop(f"layers.0.self_attn.{p}_proj.bias") for p in "qkvo"])
+    _edit_config(directory, lambda c: c.update(attention_bias=False))
+
+
+def _d2t_shifted(directory: Path) -> None:
+    _edit_tensors(directory, lambda t: t.update(d2t=torch.roll(t["d2t"], 1)))
+
+
+def _norms_swapped(directory: Path) -> None:
+    def change(tensors):
+        a, b = "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight"
+        tensors[a], tensors[b] = tensors[b], tensors[a]
+    _edit_tensors(directory, change)
+
+
+# (name, backbone it applies to, how it breaks a vllm-format export)
+CONTROLS = [
+    ("layer ids off by one", "eagle3", _layer_ids_off_by_one),
+    ("RoPE base 10,000 instead of the verifier's", "eagle2", _rope_base_of_llama2),
+    ("fc bias dropped", "hass", _fc_bias_dropped),
+    ("d2t shifted by one", "eagle3", _d2t_shifted),
+    ("input and hidden norms swapped", "eagle3", _norms_swapped),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine-python", required=True, help="a python with vLLM (its own venv)")
+    parser.add_argument("--verifier", default="smollm2-135m")
+    parser.add_argument("--drafter", action="append", required=True, help="backbone=checkpoint (backbone: eagle2, hass or eagle3)")
+    parser.add_argument("--benchmark", default="math_heldout")
+    parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("-k", "--speculative-tokens", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="vLLM's CPU threads (default: all this process may use)")
+    parser.add_argument("--no-controls", dest="controls", action="store_false")
+    parser.add_argument("--no-timing", dest="timing", action="store_false")
+    parser.add_argument("--out", default="docs/results/engine")
+    options = parser.parse_args()
+    drafters = dict(spec.split("=", 1) for spec in options.drafter)
+    version = vllm_version(options.engine_python)
+    k = options.speculative_tokens
+    verifier = load_verifier(options.verifier, "cpu", "float32")
+    fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
+    eos = stop_token_ids(verifier.model, verifier.tokenizer)
+    prompts = [first_turn_ids(verifier.tokenizer, p) for p in load_benchmark(options.benchmark, options.prompts)[0]]
+    common = dict(verifier=str(verifier.path), dtype="float32", prompts=prompts, max_new_tokens=options.max_new_tokens, stop_token_ids=eos)
+    if options.threads:
+        common["threads"] = options.threads
+    work = Path(tempfile.mkdtemp(prefix="taps-engine-bench-"))
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, controls, timings, traces, exports, versions = [], [], [], {}, {}, {}
+
+    def agreement(backbone: str, directory: Path, label: str, alone: bool = False) -> tuple[Agreement, dict]:
+        served = served_draft(directory, k, alone)
+        result = run_worker(options.engine_python, VllmRequest(**common, draft=served, record_drafts=True), label, work / "logs")
+        versions.update(result["versions"])
+        return compare(vllm_chains(result["prompts"], k), traces[backbone], result, k, load_problems(result)), result
+
+    for backbone, checkpoint in drafters.items():
+        started = time.perf_counter()
+        drafter = load_drafter(checkpoint, verifier.model, fingerprint)
+        traces[backbone] = taps_chains(verifier.model, drafter, prompts, k, options.max_new_tokens, eos)
+        print(f"{backbone}: taps-train chains in {time.perf_counter() - started:.0f} s")
+        for layout, alone in formats(backbone):
+            directory = work / f"{backbone}_{layout}"
+            if not directory.exists():
+                export_eagle(checkpoint, directory, layout=layout, dtype="float32")
+            exports[backbone, layout] = directory
+            label = f"{backbone}_{layout}{'_alone' if alone else ''}"
+            result_agreement, _ = agreement(backbone, directory, label, alone)
+            rows.append({"backbone": backbone, "format": layout, "served": "alone" if alone else "speculative_config",
+                         "checkpoint": checkpoint, **asdict(result_agreement), "verdict": result_agreement.verdict()})
+            print(f"{label}: {result_agreement.verdict()}")
+    if options.controls:
+        for name, backbone, breaks in CONTROLS:
+            if backbone not in drafters:
+                continue
+            directory = work / f"broken_{len(controls)}"
+            shutil.copytree(exports[backbone, "vllm"], directory)
+            breaks(directory)
+            result_agreement, _ = agreement(backbone, directory, f"control_{len(controls)}")
+            controls.append({"control": name, "backbone": backbone, **asdict(result_agreement), "verdict": result_agreement.verdict(),
+                             "caught": not result_agreement.agrees})
+            print(f"control {name!r} ({backbone}): {result_agreement.verdict()}")
+    if options.timing:
+        for backbone in drafters:
+            served = served_draft(exports[backbone, "vllm"], k)
+            result = run_worker(options.engine_python, VllmRequest(**common, draft=served), f"{backbone}_timing", work / "logs")
+            timings.append({"backbone": backbone, "threads": result["threads"], **_speeds(result["prompts"])})
+            print(f"{backbone} timing: {timings[-1]}")
+    report = {"vllm": version, "versions": versions, "verifier": options.verifier, "benchmark": options.benchmark,
+              "prompts": len(prompts), "max_new_tokens": options.max_new_tokens, "speculative_tokens": k,
+              "agreement": rows, "controls": controls, "timing": timings}
+    (out / "vllm_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "vllm_cpu.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+def _speeds(prompts: list[dict]) -> dict:
+    tokens = sum(len(p["tokens"]) for p in prompts)
+    seconds = sum(p["seconds"] for p in prompts)
+    baseline_tokens = sum(len(p["baseline_tokens"]) for p in prompts)
+    baseline_seconds = sum(p["baseline_seconds"] for p in prompts)
+    return {"tokens_per_s": tokens / seconds, "baseline_tokens_per_s": baseline_tokens / baseline_seconds,
+            "speedup": (tokens / seconds) / (baseline_tokens / baseline_seconds)}
+
+
+def markdown(report: dict) -> str:
+    k = report["speculative_tokens"]
+    lines = [f"# vLLM {report['vllm']} (CPU) serving taps-train exports of {report['verifier']} drafters",
+             "", f"{report['prompts']} {report['benchmark']} prompts, {report['max_new_tokens']} new tokens, T=0, greedy chains of {k} "
+             "draft tokens; float32 exports and verifier on both sides. τ = emitted tokens per verifier step (accepted + bonus).", "",
+             "| backbone | format | served | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δp | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in report["agreement"]:
+        lines.append(_row(row, [row["backbone"], row["format"], row["served"]]))
+    if report["controls"]:
+        lines += ["", "Broken exports (each must be told apart):", "",
+                  "| control | backbone | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δp | verdict |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for row in report["controls"]:
+            lines.append(_row(row, [row["control"], row["backbone"]]))
+    if report["timing"]:
+        lines += ["", "vLLM tokens/s, each prompt decoded with and without the draft (alternating order, no draft recording):", "",
+                  "| backbone (vllm format) | threads | plain tokens/s | with the draft | speedup |", "| --- | --- | --- | --- | --- |"]
+        for row in report["timing"]:
+            lines.append(f"| {row['backbone']} | {row['threads']} | {row['baseline_tokens_per_s']:.1f} | {row['tokens_per_s']:.1f} | {row['speedup']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _row(row: dict, first: list[str]) -> str:
+    low, high = row["tau_difference_ci95"]
+    return "| " + " | ".join(first + [
+        "yes" if not row["load_problems"] else "no: " + "; ".join(row["load_problems"]),
+        f"{row['outputs_equal_greedy']}/{row['prompts']}",
+        f"{row['vllm_tau']:.3f}", f"{row['taps_tau']:.3f}", f"[{low:+.3f}, {high:+.3f}]",
+        " / ".join(map(str, row["vllm_accepted_by_position"])), " / ".join(map(str, row["taps_accepted_by_position"])),
+        f"{row['chains_identical']:.1%} of {row['steps_compared']}", f"{row['max_probability_difference']:.4f}", row["verdict"]]) + " |"
+
+
+if __name__ == "__main__":
+    main()

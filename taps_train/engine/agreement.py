@@ -1,0 +1,185 @@
+"""Does vLLM draft and accept what taps-train does, for the same drafter, prompts and chain length (T=0)?
+
+Both sides draft a greedy chain of k tokens per verifier step. A step is identified by its position: how many output
+tokens were committed before it (the first output token comes from the prefill, so the first step sits at 1). At
+T=0 the output tokens are the verifier's greedy tokens, so a step's accepted count is the length of the common
+prefix of its chain and the output from its position; vLLM's own counters are checked against that reconstruction.
+
+Agreement is judged on three levels, from coarse to sharp: the T=0 outputs (both engines, with and without the
+draft, must be the verifier's greedy output), the acceptance (τ and accepted tokens per chain position, with a paired
+bootstrap interval of the τ difference over prompts), and the drafts themselves (at every position both sides
+reached, the chain and the probability the draft gave each token). Acceptance alone has little power with a weak
+drafter (most chains fail at position 1 whatever the export got wrong); the drafts have it: a wrong layer id, RoPE
+base or norm changes the draft's probabilities at every step.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from taps_train.eval.intervals import PromptCounts, paired_difference_interval
+from taps_train.spec.decoder import SpeculativeDecoder, single
+from taps_train.spec.tree import DraftTree, TreeConfig
+
+CHAINS_AGREE = 0.98  # share of compared steps whose whole chain must be identical (draft near-ties may flip)
+PROBABILITY_TOLERANCE = 0.02  # largest |Δ probability| of a token both sides drafted at the same step
+
+
+@dataclass
+class ChainTrace:
+    """One prompt decoded with greedy chains: the output and, per verifier step, its position and chain."""
+
+    tokens: list[int]
+    steps: list[tuple[int, list[int], list[float]]] = field(default_factory=list)  # (position, tokens, probabilities)
+
+    def accepted(self) -> list[int]:
+        return [_common_prefix(chain, self.tokens[position:]) for position, chain, _ in self.steps]
+
+    def counts(self) -> tuple[int, int]:
+        """(tokens emitted by the steps, steps): τ's numerator and denominator, the bonus token counted."""
+        accepted = self.accepted()
+        return sum(accepted) + len(accepted), len(accepted)
+
+
+def chain_config(k: int) -> TreeConfig:
+    """taps-train's tree options for a greedy chain of k draft tokens."""
+    return TreeConfig(total_tokens=k + 1, depth=k - 1, top_k=1)
+
+
+def taps_chains(verifier, drafter, prompts: list[list[int]], k: int, max_new_tokens: int, eos: list[int]) -> list[ChainTrace]:
+    """taps-train's own greedy-chain decoding of every prompt, with the chain of every step."""
+    trees: list[DraftTree] = []
+
+    def recording(drafted: list[DraftTree], config: TreeConfig):
+        tree, chosen = single(drafted, config)
+        trees.append(tree)
+        return tree, chosen
+
+    decoder = SpeculativeDecoder(verifier, [drafter], chain_config(k), recording, 0.0, eos_token_ids=eos)
+    traces = []
+    for ids in prompts:
+        trees.clear()
+        generation = decoder.generate(ids, max_new_tokens)
+        trace, position = ChainTrace(generation.tokens), 1
+        for tree, stats in zip(trees, generation.rounds):
+            trace.steps.append((position, tree.tokens[1:].tolist(), tree.probs[1:].tolist()))
+            position += stats.accepted + 1
+        traces.append(trace)
+    return traces
+
+
+def vllm_chains(prompts: list[dict], k: int) -> list[ChainTrace]:
+    """vLLM's steps from a worker result with recorded drafts: k (token, probability) pairs per proposal, of which
+    the first `spec.drafts` were verified (the last proposal of a request may not be)."""
+    traces = []
+    for prompt in prompts:
+        trace, position = ChainTrace(prompt["tokens"]), 1
+        proposals = [prompt["drafts"][i:i + k] for i in range(0, len(prompt["drafts"]), k)]
+        for proposal in proposals[: prompt["spec"]["drafts"]]:
+            chain = [token for token, _ in proposal]
+            trace.steps.append((position, chain, [p for _, p in proposal]))
+            position += _common_prefix(chain, trace.tokens[position:]) + 1
+        traces.append(trace)
+    return traces
+
+
+def _common_prefix(chain: list[int], output: list[int]) -> int:
+    count = 0
+    for drafted, emitted in zip(chain, output):
+        if drafted != emitted:
+            break
+        count += 1
+    return count
+
+
+def accepted_by_position(traces: list[ChainTrace], k: int) -> list[int]:
+    """Steps whose chain was accepted at least up to position i (vLLM's `accepted_tokens_per_pos`)."""
+    return [sum(a > i for trace in traces for a in trace.accepted()) for i in range(k)]
+
+
+@dataclass
+class Agreement:
+    """How one export served by vLLM compares with taps-train's drafter on the same prompts."""
+
+    prompts: int
+    k: int
+    vllm_tau: float
+    taps_tau: float
+    tau_difference_ci95: tuple[float, float]  # vLLM - taps-train, paired bootstrap over prompts
+    vllm_accepted_by_position: list[int]
+    taps_accepted_by_position: list[int]
+    vllm_steps: int
+    taps_steps: int
+    outputs_equal_greedy: int  # prompts whose vLLM output with the draft equals vLLM's plain greedy output
+    outputs_equal_taps: int  # prompts whose vLLM output equals taps-train's
+    counters_match: bool  # vLLM's counters equal the acceptance reconstructed from its drafts and output
+    steps_compared: int
+    chains_identical: float  # share of compared steps with the same chain
+    max_probability_difference: float
+    first_difference: str | None
+    load_problems: list[str]
+
+    @property
+    def agrees(self) -> bool:
+        low, high = self.tau_difference_ci95
+        return (not self.load_problems and self.counters_match and self.outputs_equal_greedy == self.prompts
+                and low <= 0 <= high and self.chains_identical >= CHAINS_AGREE
+                and self.max_probability_difference <= PROBABILITY_TOLERANCE)
+
+    def verdict(self) -> str:
+        if self.agrees:
+            return "agrees"
+        reasons = list(self.load_problems)
+        if not self.counters_match:
+            reasons.append("vLLM's counters differ from its drafts")
+        if self.outputs_equal_greedy < self.prompts:
+            reasons.append(f"{self.prompts - self.outputs_equal_greedy} outputs differ from greedy")
+        low, high = self.tau_difference_ci95
+        if not low <= 0 <= high:
+            reasons.append(f"τ differs ({self.vllm_tau:.3f} vs {self.taps_tau:.3f}, interval [{low:+.3f}, {high:+.3f}])")
+        if self.chains_identical < CHAINS_AGREE:
+            reasons.append(f"only {self.chains_identical:.1%} of chains identical")
+        if self.max_probability_difference > PROBABILITY_TOLERANCE:
+            reasons.append(f"draft probabilities differ by up to {self.max_probability_difference:.3f}")
+        return "differs: " + "; ".join(reasons)
+
+
+def compare(vllm: list[ChainTrace], taps: list[ChainTrace], result: dict, k: int, load_problems: list[str]) -> Agreement:
+    """`result` is the worker's (for the counters and plain outputs); both trace lists cover the same prompts in order."""
+    prompts = result["prompts"]
+    counters = [sum(p["spec"]["accepted_per_position"][i] if i < len(p["spec"]["accepted_per_position"]) else 0 for p in prompts) for i in range(k)]
+    vllm_counts = PromptCounts(*zip(*(trace.counts() for trace in vllm)))
+    taps_counts = PromptCounts(*zip(*(trace.counts() for trace in taps)))
+    compared, identical, worst, first = 0, 0, 0.0, None
+    for index, (ours, theirs) in enumerate(zip(taps, vllm)):
+        at = {position: (chain, probs) for position, chain, probs in theirs.steps}
+        for position, chain, probs in ours.steps:
+            if position not in at:
+                continue
+            compared += 1
+            their_chain, their_probs = at[position]
+            identical += chain == their_chain
+            if chain != their_chain and first is None:
+                first = f"prompt {index}, output position {position}: taps-train drafted {chain}, vLLM {their_chain}"
+            for a, b, p, q in zip(chain, their_chain, probs, their_probs):
+                if a != b:
+                    break
+                worst = max(worst, abs(p - q))
+    return Agreement(
+        prompts=len(prompts), k=k,
+        vllm_tau=_tau(vllm_counts), taps_tau=_tau(taps_counts),
+        tau_difference_ci95=paired_difference_interval([(vllm_counts, taps_counts)]),
+        vllm_accepted_by_position=counters, taps_accepted_by_position=accepted_by_position(taps, k),
+        vllm_steps=sum(vllm_counts.verify_calls), taps_steps=sum(taps_counts.verify_calls),
+        outputs_equal_greedy=sum(p["tokens"] == p["baseline_tokens"] for p in prompts),
+        outputs_equal_taps=sum(a.tokens == b.tokens for a, b in zip(vllm, taps)),
+        counters_match=counters == accepted_by_position(vllm, k)
+        and sum(p["spec"]["drafts"] for p in prompts) == sum(len(t.steps) for t in vllm),
+        steps_compared=compared, chains_identical=identical / compared if compared else 0.0,
+        max_probability_difference=worst, first_difference=first, load_problems=load_problems,
+    )
+
+
+def _tau(counts: PromptCounts) -> float:
+    new, calls = (np.asarray(v, dtype=np.float64) for v in (counts.new_tokens, counts.verify_calls))
+    return float(new.sum() / calls.sum()) if calls.sum() else 0.0
