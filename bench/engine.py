@@ -178,13 +178,13 @@ def markdown(report: dict) -> str:
     lines = [f"# vLLM {report['vllm']} (CPU) serving taps-train exports of {report['verifier']} drafters",
              "", f"{report['prompts']} {report['benchmark']} prompts, {report['max_new_tokens']} new tokens, T=0, greedy chains of {k} "
              "draft tokens; float32 exports and verifier on both sides. τ = emitted tokens per verifier step (accepted + bonus).", "",
-             "| backbone | format | served | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δp | verdict |",
+             "| backbone | format | served | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δlog p | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in report["agreement"]:
         lines.append(_row(row, [row["backbone"], row["format"], row["served"]]))
     if report["controls"]:
         lines += ["", "Broken exports (each must be told apart):", "",
-                  "| control | backbone | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δp | verdict |",
+                  "| control | backbone | loaded cleanly | T=0 identical | τ vLLM | τ taps-train | Δτ 95% | accepted by position vLLM | taps-train | chains identical | max Δlog p | verdict |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for row in report["controls"]:
             lines.append(_row(row, [row["control"], row["backbone"]]))
@@ -203,7 +203,7 @@ def _row(row: dict, first: list[str]) -> str:
         f"{row['outputs_equal_greedy']}/{row['prompts']}",
         f"{row['vllm_tau']:.3f}", f"{row['taps_tau']:.3f}", f"[{low:+.3f}, {high:+.3f}]",
         " / ".join(map(str, row["vllm_accepted_by_position"])), " / ".join(map(str, row["taps_accepted_by_position"])),
-        f"{row['chains_identical']:.1%} of {row['steps_compared']}", f"{row['max_probability_difference']:.4f}", row["verdict"]]) + " |"
+        f"{row['chains_identical']:.1%} of {row['steps_compared']}", f"{row['max_log_probability_difference']:.2g}", row["verdict"]]) + " |"
 
 
 if __name__ == "__main__":

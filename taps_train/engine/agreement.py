@@ -13,6 +13,7 @@ drafter (most chains fail at position 1 whatever the export got wrong); the draf
 base or norm changes the draft's probabilities at every step.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +23,7 @@ from taps_train.spec.decoder import SpeculativeDecoder, single
 from taps_train.spec.tree import DraftTree, TreeConfig
 
 CHAINS_AGREE = 0.98  # share of compared steps whose whole chain must be identical (draft near-ties may flip)
-PROBABILITY_TOLERANCE = 0.02  # largest |Δ probability| of a token both sides drafted at the same step
+LOG_PROBABILITY_TOLERANCE = 0.02  # largest |Δ log probability| of a token both sides drafted at the same step (~2%)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class Agreement:
     counters_match: bool  # vLLM's counters equal the acceptance reconstructed from its drafts and output
     steps_compared: int
     chains_identical: float  # share of compared steps with the same chain
-    max_probability_difference: float
+    max_log_probability_difference: float
     first_difference: str | None
     load_problems: list[str]
 
@@ -124,7 +125,7 @@ class Agreement:
         low, high = self.tau_difference_ci95
         return (not self.load_problems and self.counters_match and self.outputs_equal_greedy == self.prompts
                 and low <= 0 <= high and self.chains_identical >= CHAINS_AGREE
-                and self.max_probability_difference <= PROBABILITY_TOLERANCE)
+                and self.max_log_probability_difference <= LOG_PROBABILITY_TOLERANCE)
 
     def verdict(self) -> str:
         if self.agrees:
@@ -139,8 +140,8 @@ class Agreement:
             reasons.append(f"τ differs ({self.vllm_tau:.3f} vs {self.taps_tau:.3f}, interval [{low:+.3f}, {high:+.3f}])")
         if self.chains_identical < CHAINS_AGREE:
             reasons.append(f"only {self.chains_identical:.1%} of chains identical")
-        if self.max_probability_difference > PROBABILITY_TOLERANCE:
-            reasons.append(f"draft probabilities differ by up to {self.max_probability_difference:.3f}")
+        if self.max_log_probability_difference > LOG_PROBABILITY_TOLERANCE:
+            reasons.append(f"draft log-probabilities differ by up to {self.max_log_probability_difference:.3f}")
         return "differs: " + "; ".join(reasons)
 
 
@@ -164,7 +165,7 @@ def compare(vllm: list[ChainTrace], taps: list[ChainTrace], result: dict, k: int
             for a, b, p, q in zip(chain, their_chain, probs, their_probs):
                 if a != b:
                     break
-                worst = max(worst, abs(p - q))
+                worst = max(worst, abs(math.log(max(p, 1e-30)) - math.log(max(q, 1e-30))))
     return Agreement(
         prompts=len(prompts), k=k,
         vllm_tau=_tau(vllm_counts), taps_tau=_tau(taps_counts),
@@ -176,7 +177,7 @@ def compare(vllm: list[ChainTrace], taps: list[ChainTrace], result: dict, k: int
         counters_match=counters == accepted_by_position(vllm, k)
         and sum(p["spec"]["drafts"] for p in prompts) == sum(len(t.steps) for t in vllm),
         steps_compared=compared, chains_identical=identical / compared if compared else 0.0,
-        max_probability_difference=worst, first_difference=first, load_problems=load_problems,
+        max_log_probability_difference=worst, first_difference=first, load_problems=load_problems,
     )
 
 

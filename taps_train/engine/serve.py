@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -50,7 +50,7 @@ class VllmRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    threads: int | None = None  # vLLM's CPU threads; None: every core this process may use
     max_model_len: int = 2048
     baseline: bool = True
     record_drafts: bool = False

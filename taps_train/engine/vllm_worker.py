@@ -51,9 +51,10 @@ class _LoadAudit:
 
 
 def _configure_environment(request: dict) -> None:
-    threads = int(request["threads"])
+    cpus = sorted(os.sched_getaffinity(0))
+    threads = request["threads"] = min(int(request["threads"] or len(cpus)), len(cpus))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus[:threads]))  # vLLM's default binds all but one core
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"  # no separate scheduler process to keep a core for
     os.environ["OMP_NUM_THREADS"] = str(threads)  # else vLLM drops torch to one thread "for serving"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(request.get("kv_cache_gib", 1)))

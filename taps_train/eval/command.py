@@ -3,6 +3,7 @@ one JSON report per temperature (design.md, "Eval report"), and a τ table on st
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from taps_train.drafter.checkpoint import (
 )
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
+from taps_train.eval.engine import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
 from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import EvalReport, TreeShape, tau_cell
@@ -58,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-prompts", type=int, default=2, help="--tree auto: prompts per benchmark it measures acceptance on")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
+    p.add_argument("--engine", choices=["taps", "vllm"], default="taps",
+                   help="taps: taps-train's own speculative decoding; vllm: the drafter served by vLLM (README, 'Exporting for SGLang and vLLM')")
+    p.add_argument("--engine-python", default=sys.executable, help="--engine vllm: a python that imports vllm (default: this one)")
+    p.add_argument("--engine-threads", type=int, default=None, help="--engine vllm: CPU threads (default: every core this process may use)")
+    p.add_argument("--speculative-tokens", type=int, default=3, help="--engine vllm: draft tokens per verifier step (a greedy chain)")
     p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
     p.add_argument("--wandb-project", default=None, help="also log the reports to this W&B project (offline without an API key or network)")
     return p
@@ -68,6 +75,13 @@ def run_eval(args: list[str]) -> None:
     if (options.strategy == "single") != (len(options.drafters) == 1):
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     check_options(options)
+    if options.engine == "vllm":
+        check_engine_options(options)
+    # load_benchmark reports skipped records itself
+    benchmarks = {spec.split(":")[0]: load_benchmark(spec, options.prompts)[0] for spec in options.benchmarks}
+    if options.engine == "vllm":
+        write_reports(run_engine_eval(options, benchmarks), options)
+        return
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
     verifier = load_verifier(options.verifier, options.device, options.verifier_dtype)
     fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
@@ -75,16 +89,12 @@ def run_eval(args: list[str]) -> None:
         drafters = [averaged_drafter(options.drafters, options.weights, verifier.model, fingerprint)]
     else:
         drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
-    benchmarks = {}
-    for spec in options.benchmarks:  # load_benchmark reports skipped records itself
-        benchmarks[spec.split(":")[0]] = load_benchmark(spec, options.prompts)[0]
     eos = stop_token_ids(verifier.model, verifier.tokenizer)
     calibration = None
     if options.tree == "auto":
         calibration = auto_tree(verifier, drafters[0], benchmarks, options, set(eos), tree)
         tree = calibration.choice.tree
     reports: dict[float, EvalReport] = {}
-    written: list[Path] = []
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
         decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p, eos_token_ids=eos)
@@ -109,9 +119,16 @@ def run_eval(args: list[str]) -> None:
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
             tree_calibration=None if calibration is None else calibration.as_dict(),
         )
+    write_reports(reports, options)
+
+
+def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace) -> None:
+    """One report file per temperature, the τ table, and the W&B logging when asked."""
+    written: list[Path] = []
+    for temperature, report in reports.items():
         path = report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(reports[temperature].to_json())
+        path.write_text(report.to_json())
         written.append(path)
         print(f"wrote {path}")
     print_table(reports)

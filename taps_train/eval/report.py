@@ -98,6 +98,7 @@ class EvalReport:
     average_acceptance_length: float
     weights: tuple[float, ...] | None = None
     tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose (its `tree` is the choice)
+    engine: Mapping[str, Any] | None = None  # `--engine vllm`: the engine, its version and how it served the drafter
 
     def as_dict(self) -> dict:
         """The JSON object of the file, keys in the order the contract lists them."""
@@ -108,6 +109,8 @@ class EvalReport:
             data["weights"] = None if self.weights is None else list(self.weights)
         if self.tree_calibration is not None:
             data["tree_calibration"] = self.tree_calibration
+        if self.engine is not None:
+            data["engine"] = self.engine
         return data
 
     def to_json(self) -> str:
@@ -242,6 +245,7 @@ def _eval_report(report: _Object) -> EvalReport:
         average_acceptance_length=report.number("average_acceptance_length"),
         weights=_weights(report, len(drafters)) if strategy == "average" else None,
         tree_calibration=report.object("tree_calibration").data if report.present("tree_calibration") else None,
+        engine=report.object("engine").data if report.present("engine") else None,
     )
 
 

@@ -7,7 +7,7 @@ model's generation config lists its end-of-sequence ids (Llama-3-Instruct: `<|en
 """
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from taps_train.data.chat_format import end_of_turn_token, vocabulary_id
 
@@ -15,7 +15,12 @@ from taps_train.data.chat_format import end_of_turn_token, vocabulary_id
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids that end a reply: the generation config's and config's eos ids, the tokenizer's eos (when its name is
     a vocabulary entry, never the unknown token's id) and the chat template's end-of-turn token."""
-    ids = [model.generation_config.eos_token_id, model.config.get_text_config(decoder=True).eos_token_id,
+    return stop_token_ids_of(model.config, model.generation_config, tokenizer)
+
+
+def stop_token_ids_of(config: PretrainedConfig, generation_config: GenerationConfig | None, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """`stop_token_ids` from a verifier's files, without building the model (an engine elsewhere runs it)."""
+    ids = [generation_config.eos_token_id if generation_config is not None else None, config.get_text_config(decoder=True).eos_token_id,
            vocabulary_id(tokenizer, tokenizer.eos_token), end_of_turn_token(tokenizer)]
     flat = [i for entry in ids for i in (entry if isinstance(entry, list) else [entry])]
     return sorted({int(i) for i in flat if i is not None and 0 <= int(i) < len(tokenizer)})

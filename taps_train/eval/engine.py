@@ -1,0 +1,157 @@
+"""`taps-train eval --engine vllm`: the drafter measured where it will be served.
+
+The drafter (a checkpoint, exported on the fly with `--format vllm`, or an export directory) is served by vLLM in a
+worker process of `--engine-python` (taps_train/engine/serve.py); every prompt is decoded with the draft and by the
+verifier alone, alternately. The report has the schema of taps-train's own eval: τ is vLLM's emitted tokens per
+verifier step (accepted draft tokens + the bonus token, from its counters: Σ accepted / Σ drafts + 1), acceptance by
+chain position, tokens/s with and without the draft, the speedup with its interval and, at T=0, whether the outputs
+equal vLLM's plain greedy ones. vLLM drafts a greedy chain of `--speculative-tokens` tokens (its tree mode is not
+used), so the report's tree is that chain. Prompts are decoded on their opening turn only (a later turn would need
+the chat template on vLLM's side).
+"""
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from transformers import GenerationConfig
+
+from taps_train.engine.agreement import chain_config
+from taps_train.engine.serve import ServedDraft, VllmRequest, load_problems, run_worker, served_draft, vllm_version
+from taps_train.errors import TapsError
+from taps_train.eval.benchmarks import Prompt
+from taps_train.eval.evaluate import first_turn_ids
+from taps_train.eval.intervals import PromptCounts, PromptSpeeds, speedup_interval, tau_interval
+from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
+from taps_train.export import export_eagle
+from taps_train.spec.baseline import top_two_gap
+from taps_train.verifier.generation import stop_token_ids_of
+from taps_train.verifier.loading import VerifierFiles, load_verifier, read_verifier_files, resolve_verifier_path
+
+VLLM_DTYPES = {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}  # auto: as on a CPU
+
+
+def check_engine_options(options: argparse.Namespace) -> None:
+    """What `--engine vllm` cannot do, refused before anything is loaded."""
+    if options.strategy != "single":
+        raise TapsError(f"--engine vllm serves one drafter; strategy '{options.strategy}' combines several (vLLM has no such strategy). "
+                        "Evaluate compositions with taps-train's own engine (--engine taps)")
+    if options.tree == "auto":
+        raise TapsError("--engine vllm drafts greedy chains of --speculative-tokens tokens; --tree auto chooses taps-train's trees")
+    if options.speculative_tokens < 1:
+        raise TapsError(f"--speculative-tokens {options.speculative_tokens} is out of range: need at least 1")
+    if options.verifier_dtype not in VLLM_DTYPES:
+        raise TapsError(f"--verifier-dtype {options.verifier_dtype}: vLLM takes one of {sorted(VLLM_DTYPES)}")
+    if options.device not in ("auto", "cpu", "cuda"):
+        raise TapsError(f"--device {options.device}: vLLM places the verifier itself; pass auto")
+
+
+def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prompt]]) -> dict[float, EvalReport]:
+    """One report per temperature, each from one vLLM worker decoding every benchmark's prompts."""
+    version = vllm_version(options.engine_python)
+    verifier_dir = str(resolve_verifier_path(options.verifier))
+    files = read_verifier_files(verifier_dir)
+    eos = _stop_tokens(files)
+    served = _served(options)
+    k = options.speculative_tokens
+    ids = {name: [first_turn_ids(files.tokenizer, prompt) for prompt in prompts] for name, prompts in benchmarks.items()}
+    flat = [prompt for prompts in ids.values() for prompt in prompts]
+    print(f"vLLM {version}: serving {served.model} (method {served.method}, chains of {k}) on {len(flat)} opening turns")
+    reports = {}
+    for temperature in options.temperatures:
+        request = VllmRequest(verifier=verifier_dir, dtype=VLLM_DTYPES[options.verifier_dtype], prompts=flat,
+                              max_new_tokens=options.max_new_tokens, stop_token_ids=eos, draft=served, temperature=temperature, baseline=options.baseline,
+                              top_p=options.top_p, seed=options.seed, threads=options.engine_threads,
+                              max_model_len=max(map(len, flat)) + options.max_new_tokens + k + 1)
+        began = time.perf_counter()
+        result = run_worker(options.engine_python, request, f"T{temperature:g}")
+        seconds = time.perf_counter() - began
+        problems = load_problems(result)
+        for problem in problems:
+            print(f"warning: {problem}")
+        results, start = {}, 0
+        for name, prompts in ids.items():
+            records = result["prompts"][start:start + len(prompts)]
+            start += len(prompts)
+            ties = _greedy_ties(options, records, prompts, name) if temperature == 0 and options.baseline else None
+            results[name] = benchmark_result(records, k, seconds * len(prompts) / len(flat), ties)
+        reports[temperature] = EvalReport(
+            verifier=options.verifier, drafters=tuple(options.drafters), strategy="single", temperature=temperature,
+            tree=TreeShape(*_chain_shape(k)), benchmarks=results,
+            average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
+            engine={"name": "vllm", "version": version, **result["versions"], "threads": result["threads"], "method": served.method,
+                    "speculative_tokens": k, "export": served.model, "served_alone": served.alone, "turns": "first",
+                    "tau": "emitted tokens per verifier step: accepted draft tokens / drafts + 1 (bonus token)",
+                    "load_problems": problems, "log": result["log"]},
+        )
+    return reports
+
+
+def _stop_tokens(files: VerifierFiles) -> list[int]:
+    """The verifier's stop tokens from its files (its generation config when it has one), without building it."""
+    try:
+        generation_config = GenerationConfig.from_pretrained(files.path)
+    except OSError:  # no generation_config.json
+        generation_config = None
+    return stop_token_ids_of(files.config, generation_config, files.tokenizer)
+
+
+def _served(options: argparse.Namespace) -> ServedDraft:
+    """The drafter given as an export directory, or its checkpoint exported for vLLM into a temporary directory."""
+    source = Path(options.drafters[0])
+    if source.is_dir():
+        return served_draft(source, options.speculative_tokens)
+    directory = Path(tempfile.mkdtemp(prefix="taps-vllm-export-")) / source.stem
+    dtype = VLLM_DTYPES[options.verifier_dtype]
+    export_eagle(source, directory, verifier=options.verifier, layout="vllm", dtype=dtype)
+    return served_draft(directory, options.speculative_tokens)
+
+
+def _chain_shape(k: int) -> tuple[int, int, int]:
+    tree = chain_config(k)
+    return tree.total_tokens, tree.depth, tree.top_k
+
+
+def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_ties: int | None) -> BenchmarkResult:
+    """A benchmark's report entry from the worker's per-prompt records (with the plain decoding of each prompt)."""
+    steps = [r["spec"]["drafts"] for r in records]
+    emitted = [r["spec"]["accepted_tokens"] + r["spec"]["drafts"] for r in records]
+    by_position = [sum(r["spec"]["accepted_per_position"][i] for r in records if i < len(r["spec"]["accepted_per_position"])) for i in range(k)]
+    reached = [sum(steps)] + by_position[:-1]
+    speeds = PromptSpeeds([len(r["tokens"]) for r in records], [r["seconds"] for r in records])
+    speed = {"tokens_per_s": sum(speeds.tokens) / sum(speeds.seconds)}
+    if all("baseline_tokens" in r for r in records):
+        speeds.baseline_tokens, speeds.baseline_seconds = [len(r["baseline_tokens"]) for r in records], [r["baseline_seconds"] for r in records]
+        speed["baseline_tokens_per_s"] = sum(speeds.baseline_tokens) / sum(speeds.baseline_seconds)
+        speed.update(speedup=speed["tokens_per_s"] / speed["baseline_tokens_per_s"], speedup_ci95=speedup_interval(speeds))
+    return BenchmarkResult(
+        acceptance_length=sum(emitted) / sum(steps) if sum(steps) else 0.0,
+        verify_calls=sum(steps), new_tokens=sum(emitted), prompts=len(records), prompts_skipped_too_long=0,
+        mean_tree_tokens=k + 1.0, accept_rate_by_depth=tuple(a / n if n else 0.0 for a, n in zip(by_position, reached)),
+        draft_entropy=None, draft_confidence=None, wall_time_s=round(wall_time_s, 3),
+        prompt_new_tokens=tuple(emitted), prompt_verify_calls=tuple(steps),
+        tau_ci95=tau_interval(PromptCounts(emitted, steps)) if sum(steps) else None,
+        identical_to_greedy=None if greedy_ties is None else all(r["tokens"] == r["baseline_tokens"] for r in records),
+        greedy_ties=greedy_ties, **speed,
+    )
+
+
+def _greedy_ties(options: argparse.Namespace, records: list[dict], prompts: list[list[int]], benchmark: str) -> int:
+    """Prompts whose output with the draft parted from vLLM's plain greedy output where the verifier's two best logits
+    are tied within its dtype's rounding (checked with the verifier loaded here, only when outputs differ). Parting
+    elsewhere is printed: vLLM was not lossless there."""
+    ties, model = 0, None
+    for index, (record, prompt) in enumerate(zip(records, prompts)):
+        ours, plain = record["tokens"], record["baseline_tokens"]
+        if ours == plain:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, plain)) if a != b), min(len(ours), len(plain)))
+        model = model or load_verifier(options.verifier, "cpu", VLLM_DTYPES[options.verifier_dtype]).model
+        gap, tolerance = top_two_gap(model, prompt + plain[:at])
+        if gap <= tolerance:
+            ties += 1
+        else:
+            print(f"{benchmark}, prompt {index + 1}: vLLM with the draft parted from its plain greedy output at new token {at + 1} "
+                  f"where the verifier's top-2 logit gap is {gap:.4g} (beyond rounding, {tolerance:.2g}): not lossless")
+    return ties
