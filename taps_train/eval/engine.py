@@ -80,7 +80,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
             verifier=options.verifier, drafters=tuple(options.drafters), strategy="single", temperature=temperature,
             tree=TreeShape(*_chain_shape(k)), benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
-            engine={"name": "vllm", "version": version, **result["versions"], "threads": result["threads"], "method": served.method,
+            engine={"name": "vllm", **result["versions"], "threads": result["threads"], "method": served.method,
                     "speculative_tokens": k, "export": served.model, "served_alone": served.alone, "turns": "first",
                     "tau": "emitted tokens per verifier step: accepted draft tokens / drafts + 1 (bonus token)",
                     "load_problems": problems, "log": result["log"]},
