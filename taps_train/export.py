@@ -39,8 +39,8 @@ EAGLE-3 drafters (`Eagle3Drafter`) keep their checkpoint's keys (`fc` [H, 3H], `
 which `vllm serve DIR` reads on its own.
 
 The layouts were checked offline against an independent reader written from this key layout (see
-tests/test_export.py, tests/test_export_eagle3.py) and against the engines' model code as published; loading in a running SGLang
-or vLLM was not possible here.
+tests/test_export.py, tests/test_export_eagle3.py). vLLM (CPU build) serves the `vllm` and `speculators` layouts with the
+drafts and acceptance taps-train computes (tests/test_engine_vllm.py, bench/engine.py); SGLang was not available here.
 """
 
 import json

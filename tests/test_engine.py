@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taps_train.cli import main
 from taps_train.drafter import Drafter, drafter_config
@@ -18,18 +17,7 @@ from taps_train.errors import TapsError
 from taps_train.eval.engine import benchmark_result
 from taps_train.export import export_eagle
 from taps_train.spec.baseline import plain_generate
-from taps_train.verifier.fingerprint import verifier_fingerprint
-from tests.test_export import make_drafter, save_checkpoint
-
-
-@pytest.fixture(scope="module")
-def verifier(random_verifier_dir):
-    return AutoModelForCausalLM.from_pretrained(random_verifier_dir).eval()
-
-
-@pytest.fixture(scope="module")
-def fingerprint(random_verifier_dir):
-    return verifier_fingerprint(str(random_verifier_dir), AutoTokenizer.from_pretrained(random_verifier_dir))
+from tests.test_export import fingerprint, make_drafter, save_checkpoint, verifier  # noqa: F401 (fixtures)
 
 
 def test_served_draft_by_layout_and_backbone(verifier, fingerprint, tmp_path):

