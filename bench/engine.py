@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("-k", "--speculative-tokens", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="vLLM's CPU threads (default: all this process may use)")
+    parser.add_argument("--no-agreement", dest="agreement", action="store_false",
+                        help="only time the exports, keeping the agreement and controls already in --out's vllm_cpu.json")
     parser.add_argument("--no-controls", dest="controls", action="store_false")
     parser.add_argument("--no-timing", dest="timing", action="store_false")
     parser.add_argument("--out", default="docs/results/engine")
@@ -72,22 +74,25 @@ def main() -> None:
         versions.update(result["versions"])
         return compare(vllm_chains(result["prompts"], k), traces[backbone], result, k, load_problems(result)), result
 
-    for backbone, checkpoint in drafters.items():
+    def exported(backbone: str, layout: str) -> Path:
+        directory = exports.setdefault((backbone, layout), work / f"{backbone}_{layout}")
+        if not directory.exists():
+            export_eagle(drafters[backbone], directory, layout=layout, dtype="float32")
+        return directory
+
+    for backbone, checkpoint in drafters.items() if options.agreement else ():
         started = time.perf_counter()
         drafter = load_drafter(checkpoint, verifier.model, fingerprint)
         traces[backbone] = taps_chains(verifier.model, drafter, prompts, k, options.max_new_tokens, eos)
         print(f"{backbone}: taps-train chains in {time.perf_counter() - started:.0f} s")
         for layout, alone in formats(backbone):
-            directory = work / f"{backbone}_{layout}"
-            if not directory.exists():
-                export_eagle(checkpoint, directory, layout=layout, dtype="float32")
-            exports[backbone, layout] = directory
+            directory = exported(backbone, layout)
             label = f"{backbone}_{layout}{'_alone' if alone else ''}"
             result_agreement, _ = agreement(backbone, directory, label, alone)
             rows.append({"backbone": backbone, "format": layout, "served": "alone" if alone else "speculative_config",
                          "checkpoint": checkpoint, **asdict(result_agreement), "verdict": result_agreement.verdict()})
             print(f"{label}: {result_agreement.verdict()}")
-    if options.controls:
+    if options.controls and options.agreement:
         for name, backbone, breaks in CONTROLS:
             if backbone not in drafters:
                 continue
@@ -100,10 +105,13 @@ def main() -> None:
             print(f"control {name!r} ({backbone}): {result_agreement.verdict()}")
     if options.timing:
         for backbone in drafters:
-            served = served_draft(exports[backbone, "vllm"], k)
+            served = served_draft(exported(backbone, "vllm"), k)
             result = run_worker(options.engine_python, VllmRequest(**common, draft=served), f"{backbone}_timing", work / "logs")
             timings.append({"backbone": backbone, "threads": result["threads"], **_speeds(result["prompts"])})
             print(f"{backbone} timing: {timings[-1]}")
+    if not options.agreement and (out / "vllm_cpu.json").exists():
+        kept = json.loads((out / "vllm_cpu.json").read_text())
+        rows, controls, versions = kept["agreement"], kept["controls"], kept["versions"]
     report = {"vllm": version, "versions": versions, "verifier": options.verifier, "benchmark": options.benchmark,
               "prompts": len(prompts), "max_new_tokens": options.max_new_tokens, "speculative_tokens": k,
               "agreement": rows, "controls": controls, "timing": timings}

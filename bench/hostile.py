@@ -83,9 +83,13 @@ class Case:
     names: Callable[[Ctx], list[str]] | None = None  # any of these must appear in the error line
     check: Callable[[Ctx, str], str | None] | None = None  # stdout -> None when right, else what is wrong
     marker: bool = False  # fail (silent) if ctx.marker exists afterwards: code ran that never should
+    env: Callable[[Ctx], dict] | None = None  # environment variables set for the case only
+    check_stderr: bool = False  # `check` reads stderr (where progress and skip counts go), not stdout
 
 
 CASES: list[Case] = []
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # a billion-element YAML alias bomb in ten lines
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
 
 
 def case(*args, **kwargs) -> None:
@@ -820,6 +824,296 @@ case("study", "override_bad_type", lambda c: ["study", "--config", c.p("s.yaml")
      lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c)))), names=lambda c: [c.p("s.yaml"), "prompts"])
 
 
+# ------------------------------------------------------------------------------------------- round 3 (issue 24)
+# The environment, study settings and folders, fit options and configs, verifier directories and prompts, and
+# where results go: each class fixed at its root; these cases were written against the fixed code's contracts.
+
+def _home_file(c: Ctx) -> str:
+    write(c.d / "home-file", "x")
+    return str(c.d / "home-file")
+
+
+HOMES = {"a_file": _home_file, "under_a_file": lambda c: _home_file(c) + "/sub", "proc": lambda c: "/proc/taps-home",
+         "dev_null": lambda c: "/dev/null/taps-home", "sys": lambda c: "/sys/taps-home"}
+HOME_COMMANDS = {
+    "report": lambda c: ["report", c.report, "--out", c.p("r")],
+    "eval": eval_argv(),
+    "cache": lambda c: ["cache", "--dry-run", "--no-time", "--recipe", c.p("r.yaml"), "--verifier", c.verifier],
+    "verifier_info": lambda c: ["verifier", "info", "--verifier", c.verifier],
+    "export": lambda c: ["export", c.ckpt, "--out", c.p("exp"), "--no-embeddings"],
+}
+for home_name, home in HOMES.items():
+    for command_name, command in HOME_COMMANDS.items():
+        case("env", f"TAPS_HOME_{home_name}/{command_name}", command, lambda c: write(c.d / "r.yaml", recipe_text(c.good_data, count=3)),
+             names=lambda c: ["TAPS_HOME"], env=lambda c, home=home: {"TAPS_HOME": home(c)})
+for label, cache_dir in {"a_file": lambda c: _home_file(c), "under_a_file": lambda c: _home_file(c) + "/x", "proc": lambda c: "/proc/x/cache",
+                         "dev_null": lambda c: "/dev/null/cache"}.items():
+    case("env", f"cache_dir_{label}", lambda c, d=cache_dir: ["cache", "--dry-run", "--no-time", "--recipe", c.p("r.yaml"), "--verifier", c.verifier,
+                                                               "--cache-dir", d(c)],
+         lambda c: write(c.d / "r.yaml", recipe_text(c.good_data, count=3)), names=lambda c: ["--cache-dir"])
+
+# study --dry-run checks what fit and eval would refuse, with their rules
+for key, value in {"tree_total_tokens_0": {"total_tokens": 0}, "tree_depth_negative": {"depth": -1}, "tree_top_k_0": {"top_k": 0},
+                   "tree_depth_over_total": {"total_tokens": 4, "depth": 9}, "tree_total_string": {"total_tokens": "many"}}.items():
+    study_case(key, setting_study("tree", value), field="tree")
+for label, temps in {"nan": [".nan"], "inf": [".inf"], "minus_inf": ["-.inf"], "string": ["hot"], "mixed": [0.0, ".nan"]}.items():
+    study_case(f"temperature_{label}", f"name: s\ntemperatures: [{', '.join(map(str, temps))}]\n", field="temperatures")
+study_case("benchmark_heldout_with_a_path", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", ["math_heldout:/etc/hosts"]))
+study_case("benchmark_chat_heldout_not_a_recipe", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", [f"chat_heldout:{ctx.good_data}"]))
+study_case("benchmark_arith_with_a_path", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", ["arith_offline:/tmp/x"]))
+study_case("benchmark_number", lambda data, ctx: data["domains"]["a"].__setitem__("benchmarks", [7]))
+study_case("verifier_missing", setting_study("verifier", "/no/such/verifier"), field="verifier")
+study_case("verifier_a_file", setting_study("verifier", lambda ctx: ctx.good_data), field="verifier")
+study_case("verifier_gguf_missing", setting_study("verifier", "/no/such/model.gguf"), field="verifier")
+study_case("verifier_empty", setting_study("verifier", ""), field="verifier")
+study_case("seed_negative", setting_study("seed", -1), field="seed")
+study_case("seed_string", setting_study("seed", "lucky"), field="seed")
+study_case("prompts_negative", setting_study("prompts", -1), field="prompts")
+study_case("max_new_tokens_zero", setting_study("max_new_tokens", 0), field="max_new_tokens")
+study_case("lambda_nan", lambda data, ctx: data.__setitem__("lambdas", [float("nan")]))
+study_case("duplicate_key", lambda data, ctx: None)  # replaced below: text with a key written twice
+CASES.pop()
+case("study", "duplicate_key", lambda c: ["study", "--config", c.p("s.yaml"), "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c))[:-1] + ', "prompts": 3}')), names=lambda c: [c.p("s.yaml")])
+case("study", "alias_bomb", lambda c: ["study", "--config", c.p("s.yaml"), "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "s.yaml", BOMB)), names=lambda c: [c.p("s.yaml")])
+case("study", "date_value", lambda c: ["study", "--config", c.p("s.yaml"), "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "s.yaml", "name: 2024-01-01\n")), names=lambda c: [c.p("s.yaml")])
+BACKBONES = {
+    "trainer_list": "trainer: [1, 2]\n", "trainer_string": "trainer: fast\n", "model_init_args_list": None, "callback_string": "trainer: {callbacks: foo}\n",
+    "callbacks_of_strings": "trainer: {callbacks: [a, b]}\n", "logger_init_args_string": "trainer: {logger: {class_path: x, init_args: s}}\n",
+    "date_value": "trainer: {max_epochs: 2024-01-01}\n", "alias_bomb": None, "duplicate_key": "trainer: {max_steps: 1}\ntrainer: {max_steps: 2}\n",
+    "not_utf8": None, "data_class_path_number": "data: {class_path: 3}\n",
+}
+
+
+def _backbone(label: str, extra: str | None):
+    def change(data: dict, ctx: Ctx) -> None:
+        path = ctx.d / "bad_fit.yaml"
+        base = (ctx.d / "fit.yaml").read_text()
+        if label == "model_init_args_list":
+            write(path, base.replace("init_args: {verifier:", "init_args: [").replace("}\ndata", "]\ndata", 1))
+        elif label == "alias_bomb":
+            write(path, BOMB)
+        elif label == "not_utf8":
+            write(path, base.encode() + "# caf\xe9\n".encode("latin-1"))
+        else:
+            write(path, extra + base)
+        data["backbones"] = {"eagle2": str(path)}
+    return change
+
+
+for label, extra in BACKBONES.items():
+    study_case(f"backbone_{label}", _backbone(label, extra), field="backbones")
+case("study", "logs_is_a_file", lambda c: ["study", "--config", c.p("s.yaml")],
+     lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c))), write(c.d / "out" / "s" / "logs", "x")),
+     names=lambda c: ["logs"])
+case("study", "cell_record_is_a_directory", lambda c: ["study", "--config", c.p("s.yaml"), "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c))), (c.d / "out" / "s" / "cells" / "fit_eagle2_a.json").mkdir(parents=True)),
+     names=lambda c: ["fit_eagle2_a.json"])
+case("study", "recipe_not_utf8", lambda c: ["study", "--config", c.p("s.yaml"), "--dry-run"],
+     lambda c: (study_files(c), write(c.d / "r.yaml", b"name: caf\xe9\nsources: []\n"), write(c.d / "s.yaml", json.dumps(study_data(c)))),
+     names=lambda c: [c.p("r.yaml")])
+
+
+# fit: every option out of range, hand-edited configs and foreign classes, before any training step
+def fit_config(c: Ctx, model: dict | None = None, data: dict | None = None, trainer: dict | None = None, top: dict | None = None,
+               module: str = "taps_train.training.Eagle2Module") -> dict:
+    write(c.d / "r.yaml", recipe_text(c.good_data, count=6))
+    return {"seed_everything": 0,
+            "trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                        "num_sanity_val_steps": 0, "limit_val_batches": 0, "default_root_dir": c.p("run"), **(trainer or {})},
+            "model": {"class_path": module, "init_args": {"verifier": c.verifier, **(model or {})}},
+            "data": {"class_path": "taps_train.data.datamodule.DrafterDataModule",
+                     "init_args": {"recipe": c.p("r.yaml"), "batch_size": 2, "cache_dir": c.p("cache"), **(data or {})}}, **(top or {})}
+
+
+def fit_case(name: str, make, expect: str = "error", field: str | None = None, marker: bool = False, extra: tuple[str, ...] = ()) -> None:
+    """`make(ctx)` returns the config (a dict, written as YAML) or its text."""
+    def files(c: Ctx) -> None:
+        config = make(c)
+        write(c.d / "fit.yaml", config if isinstance(config, (str, bytes)) else yaml_dump(config))
+    case("fit", name, lambda c: ["fit", "--config", c.p("fit.yaml"), *extra], files, expect,
+         names=lambda c: [c.p("fit.yaml"), *([field] if field else [])], marker=marker)
+
+
+def yaml_dump(config: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+fit_case("good", lambda c: fit_config(c), "ok")
+for key, values in {"batch_size": [0, -1, "two", 1.5], "max_tokens_per_batch": [0, -5, 1, 100], "val_samples_per_source": [-1, "all"],
+                    "num_workers": [-1], "seed": [-2]}.items():
+    for value in values:
+        fit_case(f"data.{key}={value}", lambda c, k=key, v=value: fit_config(c, data={k: v}), field=f"data")
+for key, values in {"lr": [".nan", "-1.0e-3", "0", ".inf", "fast"], "warmup_steps": [-1], "weight_decay": [-0.1, ".nan"], "min_lr_ratio": [2.0, -1],
+                    "betas": ["[0.9, 1.5]", "[0.9]", "[-0.1, 0.9]"], "topk": [0], "feature_noise": ["-.inf"], "prob_weight": [-1],
+                    "accuracy_topk": [0], "align_steps": [0], "schedule_steps": [0]}.items():
+    for value in values:
+        fit_case(f"model.{key}={value}", lambda c, k=key, v=value: yaml_dump(fit_config(c)).replace(
+            f"verifier: {c.verifier}", f"verifier: {c.verifier}\n    {k}: {v}"), field="model")
+for key, value in {"max_steps": -5, "max_epochs": -3, "log_every_n_steps": 0, "accumulate_grad_batches": 0, "gradient_clip_val": -1.0,
+                   "limit_val_batches": -1, "limit_train_batches": -2, "min_steps": -1}.items():
+    fit_case(f"trainer.{key}={value}", lambda c, k=key, v=value: fit_config(c, trainer={k: v}), field="trainer")
+fit_case("trainer.gradient_clip_val=nan", lambda c: yaml_dump(fit_config(c)).replace("max_steps: 1", "max_steps: 1\n  gradient_clip_val: .nan"),
+         field="trainer")
+fit_case("data.cache_dir_a_file", lambda c: (write(c.d / "cache-file", "x"), fit_config(c, data={"cache_dir": c.p("cache-file")}))[1], field="data.cache_dir")
+fit_case("data.cache_dir_proc", lambda c: fit_config(c, data={"cache_dir": "/proc/taps-cache"}), field="data.cache_dir")
+fit_case("eagle3_draft_vocab_over_vocabulary", lambda c: fit_config(c, model={"draft_vocab_size": 10_000_000},
+                                                                    module="taps_train.training.Eagle3Module"), field="draft_vocab_size")
+for target in ("model", "data"):
+    for callable_path in ("os.system", "subprocess.Popen", "builtins.eval", "builtins.exec", "shutil.rmtree"):
+        fit_case(f"{target}_class_path_{callable_path}", lambda c, t=target, p=callable_path: {
+            **fit_config(c), t: {"class_path": p, "init_args": {"command": f"touch {c.marker}", "args": ["touch", str(c.marker)]}}},
+            field=target, marker=True)
+for section, path in (("callbacks", "os.system"), ("callbacks", "subprocess.Popen"), ("logger", "os.system"), ("plugins", "subprocess.Popen"),
+                      ("profiler", "os.system")):
+    fit_case(f"trainer.{section}_{path}", lambda c, s=section, p=path: fit_config(c, trainer={s: [{"class_path": p, "init_args": {
+        "command": f"touch {c.marker}"}}] if s != "profiler" else {"class_path": p, "init_args": {"command": f"touch {c.marker}"}}}),
+        field="trainer", marker=True)
+fit_case("unknown_model_key", lambda c: fit_config(c, model={"bogus_option": 1}), field="model")
+fit_case("seed_everything_string", lambda c: fit_config(c, top={"seed_everything": "lucky"}), field="seed_everything")
+fit_case("python_tag_in_init_args", lambda c: yaml_dump(fit_config(c)).replace(f"verifier: {c.verifier}",
+         f"verifier: !!python/object/apply:os.system ['touch {c.marker}']"), marker=True)
+fit_case("trainer_a_list", lambda c: {**fit_config(c), "trainer": [1, 2]}, field="trainer")
+fit_case("model_init_args_a_list", lambda c: {**fit_config(c), "model": {"class_path": "taps_train.training.Eagle2Module", "init_args": [1]}},
+         field="model")
+fit_case("callbacks_a_string", lambda c: fit_config(c, trainer={"callbacks": "foo"}), field="trainer.callbacks")
+fit_case("logger_init_args_a_string", lambda c: fit_config(c, trainer={"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                                                                  "init_args": "x"}}), field="trainer.logger")
+fit_case("date_value", lambda c: yaml_dump(fit_config(c)).replace("max_steps: 1", "max_steps: 2024-01-01"), field="max_steps")
+fit_case("alias_bomb", lambda c: BOMB)
+fit_case("duplicate_key", lambda c: yaml_dump(fit_config(c)) + "seed_everything: 3\n")
+fit_case("not_utf8", lambda c: yaml_dump(fit_config(c)).encode() + "# caf\xe9\n".encode("latin-1"))
+fit_case("a_list_not_a_config", lambda c: "- 1\n- 2\n")
+
+
+def _eagle3_checkpoint(c: Ctx) -> str:
+    from taps_train.training import Eagle3Module
+
+    module = Eagle3Module(verifier=c.verifier, draft_vocab_size=0.5)
+    state = {f"drafter.{k}": v for k, v in module.drafter.state_dict().items() if k not in module.drafter.frozen_parameter_names()}
+    torch.save({"state_dict": state, "taps": {"drafter_config": module.drafter.config.to_dict(), "verifier": module.verifier_fingerprint},
+                "pytorch-lightning_version": "2.6.0", "epoch": 0, "global_step": 1, "optimizer_states": [], "lr_schedulers": []},
+               c.d / "e3.ckpt")
+    return str(c.d / "e3.ckpt")
+
+
+fit_case("ckpt_path_of_another_backbone", lambda c: (_eagle3_checkpoint(c), fit_config(c))[1], extra=(), field="e3.ckpt")
+CASES[-1].argv = lambda c: ["fit", "--config", c.p("fit.yaml"), "--ckpt_path", c.p("e3.ckpt")]
+fit_case("init_from_another_backbone", lambda c: fit_config(c, model={"init_from": _eagle3_checkpoint(c)}), field="e3.ckpt")
+fit_case("hass_checkpoint_into_eagle2", lambda c: fit_config(c, model={"init_from": c.ckpt}, module="taps_train.training.HassModule"),
+         field="good.ckpt")
+
+
+# verifier directories and prompts
+def verifier_copy(c: Ctx, change) -> str:
+    target = c.d / "v"
+    shutil.copytree(c.verifier_dir, target)
+    change(target)
+    return str(target)
+
+
+def _bert(target: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    shutil.rmtree(target)
+    BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).save_pretrained(target)
+
+
+def _index(weight_map) -> Callable[[Path], None]:
+    return lambda target: write(target / "model.safetensors.index.json", json.dumps({"weight_map": weight_map}))
+
+
+def _template(template: str | None) -> Callable[[Path], None]:
+    def change(target: Path) -> None:
+        (target / "chat_template.jinja").unlink(missing_ok=True)
+        edit_json(target / "tokenizer_config.json", lambda d: d.pop("chat_template", None))
+        if template is not None:
+            write(target / "chat_template.jinja", template)
+    return change
+
+
+VERIFIER_DIRS = {
+    "bert_model": _bert,
+    "index_parent_escape": _index({"lm_head.weight": "../../etc/passwd"}),
+    "index_absolute": _index({"lm_head.weight": "/etc/passwd"}),
+    "index_not_a_map": _index(["a", "b"]),
+    "index_value_number": _index({"lm_head.weight": 3}),
+    "no_chat_template": _template(None),
+    "template_syntax_error": _template("{% for m in messages %}{{ m.content "),
+    "template_raises": _template("{{ raise_exception('no system role') }}"),
+    "template_reaches_python": _template("{{ messages.__class__.__mro__[1].__subclasses__() }}"),
+    "template_undefined_filter": _template("{{ messages | shell }}"),
+    "template_returns_nothing": _template(""),
+}
+for label, change in VERIFIER_DIRS.items():
+    expect = "either" if label == "template_returns_nothing" else "error"
+    case("verifier3", f"{label}/generate", lambda c, ch=change: ["verifier", "generate", "hi", "--verifier", verifier_copy(c, ch), "--max_new_tokens", "2"],
+         expect=expect, names=lambda c: [c.p("v"), "v"])
+    case("verifier3", f"{label}/eval", lambda c, ch=change: eval_argv("--verifier", verifier_copy(c, ch))(c), expect=expect,
+         names=lambda c: [c.p("v"), "v", "verifier"])
+for label, prompt in {"lone_surrogate": "bad \udcff text", "lone_high_surrogate": "\ud800", "nul_byte": "a\x00b"}.items():
+    case("verifier3", f"prompt_{label}", lambda c, p=prompt: ["verifier", "generate", p, "--verifier", c.verifier, "--max_new_tokens", "2"],
+         expect="either" if label == "nul_byte" else "error", names=lambda c: ["prompt"])
+for label, extra in {"hidden_1e6": ["--hidden", "1000000", "--heads", "1000", "--kv_heads", "1000"],
+                     "layers_1e6": ["--layers", "1000000"], "hidden_odd_heads": ["--hidden", "100", "--heads", "3"]}.items():
+    case("verifier3", f"standin_{label}", lambda c, e=extra: ["verifier", "standin", c.p("standin"), *e],
+         names=lambda c: ["--hidden", "--layers", "hidden", "layers", "stand-in"])
+case("verifier3", "benchmark_with_bad_records_says_how_many", eval_argv(bench=lambda c: f"gsm8k:{c.p('b.jsonl')}"),
+     lambda c: write(c.d / "b.jsonl", jl({"question": "1+1?", "answer": "#### 2"}, "not json", {"question": 3}, {"answer": "x"}, "null")),
+     expect="ok", check=lambda c, err: None if re.search(r"\d+ skipped", err) else "skipped records not reported", check_stderr=True)
+
+
+# where results go
+OUTPUTS = {
+    "eval_output_proc": eval_argv(output=lambda c: "/proc/taps/report.json"),
+    "eval_output_dev_null": eval_argv(output=lambda c: "/dev/null/report.json"),
+    "eval_output_under_a_file": eval_argv(output=lambda c: c.good_data + "/report.json"),
+    "eval_output_a_directory": eval_argv(output=lambda c: str(c.d)),
+    "average_output_proc": avg_argv(output=lambda c: "/proc/taps/avg.ckpt"),
+    "average_output_dev_null": avg_argv(output=lambda c: "/dev/null/avg.ckpt"),
+    "average_output_under_a_file": avg_argv(output=lambda c: c.good_data + "/avg.ckpt"),
+    "average_output_a_directory": avg_argv(output=lambda c: str(c.d)),
+    "consolidate_root": lambda c: ["consolidate", "/"],
+    "consolidate_proc": lambda c: ["consolidate", "/proc"],
+    "consolidate_output_proc": lambda c: ["consolidate", c.ckpt, "--output", "/proc/taps/x.ckpt"],
+    "report_out_a_file": lambda c: ["report", c.report, "--out", c.good_data],
+    "report_out_proc": lambda c: ["report", c.report, "--out", "/proc/taps-report"],
+    "report_out_under_a_file": lambda c: ["report", c.report, "--out", c.good_data + "/r"],
+    "export_out_proc": lambda c: ["export", c.ckpt, "--out", "/proc/taps-export", "--no-embeddings"],
+    "export_out_under_a_file": lambda c: ["export", c.ckpt, "--out", c.good_data + "/e", "--no-embeddings"],
+    "study_out_root_proc": None,
+}
+for label, argv in OUTPUTS.items():
+    if argv is None:
+        study_case(label, setting_study("out_root", "/proc/taps-studies"), extra=(), field="out_root")
+        continue
+    case("output", label, argv, names=lambda c: ["--output", "--out", "output", "/proc", "/dev/null", c.good_data, "root", "directory"])
+
+
+def _named_report(name: str):
+    def files(c: Ctx) -> None:
+        report = json.loads(Path(c.report).read_text())
+        report["drafters"] = [name]
+        write(c.d / "named.json", json.dumps(report))
+    return files
+
+
+def _escaped(c: Ctx, out: str) -> str | None:
+    text = (c.d / "r" / "report.md").read_text() if (c.d / "r" / "report.md").exists() else ""
+    bad = [line for line in text.splitlines() if line.startswith(("# pwned", "<script", "[link]"))]
+    return f"report.md has raw markup lines: {bad[:2]}" if bad or not text else None
+
+
+for label, name in {"newline_heading": "a\n# pwned", "pipe": "a|b|c", "html": "<script>alert(1)</script>", "link": "[link](http://x)\n[link]: y",
+                    "carriage_return": "a\r# pwned", "unicode_line_separator": "a\u2028# pwned"}.items():
+    case("output", f"report_drafter_name_{label}", lambda c: ["report", c.p("named.json"), "--out", c.p("r")], _named_report(name), "ok",
+         check=_escaped)
+
+
 # ------------------------------------------------------------------------------------------------ setup
 
 def build_verifier(path: Path) -> Path:
@@ -939,7 +1233,7 @@ def classify(c: Case, ctx: Ctx, code: int, out: str, err: str, exc: str | None) 
     check_problem = None
     if c.check is not None and (code == 0 or c.name.endswith(("overwrite", "no_overwrite")) or "equal" in c.name or "checkpoint" in c.name):
         try:
-            check_problem = c.check(ctx, out)
+            check_problem = c.check(ctx, err if c.check_stderr else out)
         except Exception as e:  # noqa: BLE001
             check_problem = f"check raised {type(e).__name__}: {e}"
     if marker_hit:
@@ -983,7 +1277,13 @@ def run_cases(ctx: Ctx, cases: list[Case], timeout: int) -> list[dict]:
             results.append({"family": c.family, "name": c.name, "argv": argv, "category": "harness-error", "detail": f"{type(e).__name__}: {e}",
                             "exit": None, "seconds": 0.0, "stderr_tail": ""})
             continue
-        code, out, err, exc = run_main(argv, timeout)
+        saved = dict(os.environ)
+        os.environ.update(c.env(ctx) if c.env else {})
+        try:
+            code, out, err, exc = run_main(argv, timeout)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
         category, detail = classify(c, ctx, code, out, err, exc)
         results.append({"family": c.family, "name": c.name, "argv": argv, "category": category, "detail": detail, "exit": code,
                         "seconds": round(time.perf_counter() - start, 2), "expect": c.expect,

@@ -5,9 +5,13 @@ arguments); the other commands are typed functions exposed through jsonargparse.
 fix (`TapsError`) print as one line, never as a traceback.
 """
 
+import importlib
+import inspect
 import sys
+from pathlib import Path
 
 from taps_train.errors import TapsError
+from taps_train.paths import checked_home
 from taps_train.verifier.tiny import TinyVerifierSpec
 
 LIGHTNING_COMMANDS = {
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     command = args[0]
     try:
+        checked_home()
         if command in LIGHTNING_COMMANDS:
             # LightningCLI reads sys.argv itself; pass args only when called from Python.
             run_lightning(args if argv is not None else None, command)
@@ -74,8 +79,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_lightning(args: list[str] | None, command: str) -> None:
+    from jsonargparse import ArgumentError
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
+
+    from taps_train.fit_config import check_fit_config_file, check_trainer_options
 
     class TapsCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
@@ -90,8 +98,11 @@ def run_lightning(args: list[str] | None, command: str) -> None:
             # and only then reads the verifier; a bad checkpoint fails first, as one line naming it.
             subcommand = self.config.get("subcommand")
             if subcommand:
-                check_ckpt_path(self.config[subcommand].get("ckpt_path"))
+                check_trainer_options(self.config[subcommand].get("trainer") or {})
+                check_ckpt_path(self.config[subcommand].get("ckpt_path"), self.config[subcommand].get("model"))
 
+    for path in config_files(args if args is not None else sys.argv[1:]):
+        check_fit_config_file(path, f"{command} config")
     try:
         TapsCLI(
             LightningModule,
@@ -100,10 +111,14 @@ def run_lightning(args: list[str] | None, command: str) -> None:
             subclass_mode_data=True,
             args=args,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}"},
+            # jsonargparse's own refusals raise (not print pages and exit 2), to become one line naming key and file
+            parser_kwargs={"description": f"taps-train {command}: {LIGHTNING_COMMANDS[command]}", "exit_on_error": False,
+                           **{name: {"exit_on_error": False} for name in LIGHTNING_COMMANDS}},
         )
     except TapsError:
         raise
+    except ArgumentError as err:
+        raise TapsError(config_error(err, args if args is not None else sys.argv[1:], command)) from None
     except Exception as err:
         # jsonargparse wraps what a constructor raises (a Union of subclass types lists every subtype's
         # error) into a multi-page ValueError; a TapsError inside it is the user's error, in one line.
@@ -111,6 +126,23 @@ def run_lightning(args: list[str] | None, command: str) -> None:
         if cause is None:
             raise
         raise cause from None
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The --config / -c files of a LightningCLI command line."""
+    files = [value for flag, value in zip(args, args[1:]) if flag in ("--config", "-c")]
+    return files + [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+
+
+def config_error(err: Exception, args: list[str], command: str) -> str:
+    """jsonargparse's refusal (a key and its problem, over several lines) as one line that starts with the config
+    files and the key; its detail follows, shortened."""
+    detail = " ".join(str(err).split())
+    files = config_files(args)
+    where = f"{command} config {', '.join(files)}" if files else f"taps-train {command} options"
+    if len(detail) > 600:
+        detail = detail[:600] + " ..."
+    return f"{where}: {detail}; see `taps-train {command} --help` for the keys and their types"
 
 
 def verifier_states(module) -> tuple[int, ...]:
@@ -122,20 +154,47 @@ def verifier_states(module) -> tuple[int, ...]:
 LIGHTNING_CKPT_KEYWORDS = ("last", "best", "hpc")
 
 
-def check_ckpt_path(ckpt_path: object) -> None:
+def check_ckpt_path(ckpt_path: object, model=None) -> None:
     """Read a `--ckpt_path` checkpoint once up front (drafters are small), so a missing, empty or foreign
-    file, or a directory that is not a DeepSpeed checkpoint, is one line naming it, not Lightning's traceback."""
+    file, a directory that is not a DeepSpeed checkpoint, or a checkpoint of another backbone than the config's `model`
+    trains, is one line naming it, not Lightning's traceback."""
     if ckpt_path is None:
         return
     path = str(ckpt_path)
     if path in LIGHTNING_CKPT_KEYWORDS or path.startswith("registry") or "://" in path:
         return
     from taps_train.drafter.checkpoint import read_checkpoint
+    from taps_train.training.base import check_backbone
 
     try:
-        read_checkpoint(path)
+        checkpoint = read_checkpoint(path)
     except TapsError as err:
         raise TapsError(f"--ckpt_path: {err}") from None
+    if Path(path).is_file() and "pytorch-lightning_version" not in checkpoint:
+        raise TapsError(f"--ckpt_path {path} holds drafter weights (from average, consolidate or elsewhere), not a training run Lightning "
+                        f"can resume; start from its weights with --model.init_from {path}")
+    module = _module_class(model)
+    if module is not None:
+        fc_bias = model.init_args.get("fc_bias") if model.get("init_args") else None
+        if fc_bias is None:  # the module's default (HassModule: true); a module without the argument has no fc bias
+            parameter = inspect.signature(module).parameters.get("fc_bias")
+            fc_bias = parameter.default if parameter is not None else False
+        check_backbone(checkpoint, module.drafter_class.architecture, bool(fc_bias), f"--ckpt_path {path}", module.__name__)
+
+
+def _module_class(model) -> type | None:
+    """The taps-train training module class a parsed `model` section names (None for anything else)."""
+    from taps_train.training.base import DrafterModule
+
+    class_path = model.get("class_path") if model is not None else None
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        module = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError):
+        return None
+    return module if isinstance(module, type) and issubclass(module, DrafterModule) and hasattr(module, "drafter_class") else None
 
 
 def wrapped_taps_error(err: BaseException) -> TapsError | None:
@@ -341,12 +400,15 @@ def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device:
     from taps_train.data.feature_cache import CacheSettings
     from taps_train.data.prepare import RecipePreparer
     from taps_train.data.recipe import load_recipe
+    from taps_train.paths import writable_directory
 
     with launched_ranks() as ranks:
         if ranks.world > 1 and pinned_device(device):
             raise TapsError(f"--device {device} puts every rank's verifier on the same GPU(s); under torchrun use --device auto "
                             "(each rank on cuda:LOCAL_RANK) or cpu, or run one process without torchrun")
         say = print if ranks.rank == 0 else lambda *args: None
+        if cache_dir is not None:
+            writable_directory(cache_dir, "--cache-dir", "pass a writable folder for the feature cache")
         preparer = RecipePreparer(load_recipe(recipe), verifier, cache_dir, CacheSettings(dtype=dtype), device, verifier_dtype)
         say(f"verifier computes on {preparer.placement.device} in {preparer.placement.dtype_name}; features stored as {dtype}")
         if ranks.world > 1:
@@ -415,11 +477,13 @@ def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: 
         device: auto (the current CUDA device if any, else cpu), cpu, cuda, cuda:N, or auto-shard.
         verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
     """
+    from taps_train.data.chat_format import check_text
     from taps_train.verifier.loading import load_verifier
     from taps_train.verifier.generation import greedy_reply
 
     if max_new_tokens < 1:
         raise TapsError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_text(prompt, "the prompt")
     loaded = load_verifier(verifier, device, verifier_dtype)
     print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
 

@@ -60,6 +60,8 @@ def test_config_model_and_data_instantiate(config, random_verifier_dir):
     model_args = {**raw["model"].get("init_args", {}), "verifier": str(random_verifier_dir)}
     model_args.pop("init_from", None)  # HASS stage 2 warm-starts from a stage-1 run that does not exist here
     model_args.pop("feature_layers", None)  # Llama-3-8B's layers; the random verifier has two
+    if isinstance(model_args.get("draft_vocab_size"), int):  # 32,000 of Llama-3's 128k tokens; the random verifier has 400
+        model_args["draft_vocab_size"] = 0.25
     module = MODULES[raw["model"]["class_path"]](**model_args)
     assert module.drafter.config.hidden_size == 32
     data_args = {**raw["data"]["init_args"], "verifier": str(random_verifier_dir)}

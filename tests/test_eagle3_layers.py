@@ -167,12 +167,17 @@ def test_exports_engines_would_misread_are_refused_or_flagged(verifier4_dir, ran
 
 
 @pytest.mark.parametrize("size, vocab, tokens", [
-    (2048, 8192, 2048), (10**6, 400, 400), (1, 400, 1),  # a count, capped at the verifier's vocabulary
+    (2048, 8192, 2048), (400, 400, 400), (1, 400, 1),  # a count, at most the verifier's vocabulary
     (0.25, 8192, 2048), (0.25, 128256, 32064), (0.1, 405, 40), (1.0, 400, 400), (1e-9, 400, 1),  # a fraction, rounded, >= 1
 ])
 def test_draft_vocab_size_is_a_count_or_a_fraction(size, vocab, tokens):
     resolved = draft_vocab_tokens(size, vocab)
     assert resolved == tokens and type(resolved) is int
+
+
+def test_a_count_beyond_the_verifiers_vocabulary_is_refused():
+    with pytest.raises(TapsError, match="draft_vocab_size 1000000 exceeds the verifier's vocabulary of 400 tokens"):
+        draft_vocab_tokens(10**6, 400)
 
 
 @pytest.mark.parametrize("size", [0, -3, True, False, 0.0, -0.5, 1.5, 2048.0, math.nan, math.inf, "0.25", None])
@@ -190,9 +195,9 @@ def test_fractional_draft_vocabulary_is_stored_as_a_count(random_verifier_dir):
     assert checkpoint["taps"]["drafter_config"]["draft_vocab_size"] == round(vocab / 4)  # what exports and loaders read
 
 
-@pytest.mark.parametrize("value, parsed", [("0.25", 0.25), ("2048", 2048), ("1", 1), ("1.0", 1.0)])
+@pytest.mark.parametrize("value, parsed", [("0.25", 0.25), ("256", 256), ("1", 1), ("1.0", 1.0)])
 def test_yaml_draft_vocab_size_keeps_its_type(value, parsed, random_verifier_dir, tmp_path):
-    """As LightningCLI's parser reads a model config: 2048 stays an int (tokens), 0.25 and 1.0 stay floats (fractions)."""
+    """As LightningCLI's parser reads a model config: 256 stays an int (tokens), 0.25 and 1.0 stay floats (fractions)."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(Eagle3Module, "model")
     config = parser.parse_string(f"model:\n  class_path: taps_train.training.Eagle3Module\n  init_args:\n"

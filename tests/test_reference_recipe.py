@@ -119,9 +119,9 @@ def test_value_clipping_is_refused_under_deepspeed_and_norm_clipping_is_not(rand
 
 
 def test_new_options_are_validated(random_verifier_dir):
-    with pytest.raises(TapsError, match="unknown noise_scaling 'batch'"):
+    with pytest.raises(TapsError, match="unknown model.noise_scaling 'batch'"):
         Eagle2Module(verifier=str(random_verifier_dir), noise_scaling="batch")
-    with pytest.raises(TapsError, match="unknown align_reduction 'max'"):
+    with pytest.raises(TapsError, match="unknown model.align_reduction 'max'"):
         HassModule(verifier=str(random_verifier_dir), align_reduction="max")
     with pytest.raises(TapsError, match="schedule_steps must be >= 1"):
         Eagle2Module(verifier=str(random_verifier_dir), schedule_steps=0)

@@ -134,8 +134,14 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"strategies": ["single"]}, "not composition strategies"),
     ({"strategies": ["merge", "vote"]}, r"\['vote'\] are not composition strategies"),
     ({"lambdas": [1.5]}, r"every λ lies in \[0, 1\]"),
-    ({"max_steps": 0}, "must be >= 1"),
-    ({"temperatures": []}, "temperatures not empty"),
+    ({"max_steps": 0}, r"max_steps: 0 is out of range: need at least 1 step"),
+    ({"temperatures": []}, "temperatures: \[\]: need one temperature or more"),
+    ({"temperatures": [float("nan")]}, "temperatures: nan out of range"),
+    ({"tree": Tree(total_tokens=0)}, "tree.total_tokens: 0 is out of range"),
+    ({"tree": Tree(depth=-1)}, "tree.depth: -1 is out of range"),
+    ({"seed": -1}, "seed: -1 is out of range"),
+    ({"verifier": "/nowhere/model"}, "verifier: verifier path /nowhere/model does not exist"),
+    ({"domains": {"a": Domain("a.yaml", ["math_heldout:/etc/hosts"]), "b": Domain("b.yaml", ["mt_bench"])}}, "recipe /etc/hosts must be a mapping"),
     ({"mixtures": {"a": "x.yaml"}}, "share a name"),
     ({"mixtures": {"m": "missing.yaml"}}, "mixtures.m: missing.yaml does not exist"),
     ({"backbones": {"../up": "eagle2.yaml"}}, "names become folder names"),
@@ -158,7 +164,7 @@ def test_three_domains_refuse_a_lambda_sweep_and_a_backbone_file_must_be_a_fit_c
     study.lambdas = []
     (tmp_path / "bad.yaml").write_text("- just a list\n")
     study.backbones = {"eagle2": str(tmp_path / "bad.yaml")}
-    with pytest.raises(TapsError, match="is not a fit config with model and data sections"):
+    with pytest.raises(TapsError, match="the file must be a mapping of sections"):
         run_study(study)
 
 

@@ -149,7 +149,7 @@ def test_lr_schedule_shapes():
 
 
 def test_bad_module_arguments_are_clear(random_verifier_dir):
-    with pytest.raises(TapsError, match="unknown schedule"):
+    with pytest.raises(TapsError, match="unknown model.schedule"):
         Eagle2Module(verifier=str(random_verifier_dir), schedule="exponential")
     with pytest.raises(TapsError, match="align_steps"):
         HassModule(verifier=str(random_verifier_dir), align_steps=0)

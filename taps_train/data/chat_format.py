@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from taps_train.data.conversation import Conversation
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 
 _SENTINEL = "\u2063taps-sentinel\u2063"
 # Version of the mask rule, part of every feature cache's fingerprint: caches built under another rule hold other
@@ -32,14 +32,14 @@ class TokenizedSample:
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the [start, end) character span of every assistant turn."""
-    full = _render(tokenizer, messages, generation_prompt=False)
+    full = render_chat(tokenizer, messages, generation_prompt=False)
     spans = []
     for index, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        probe = _render(tokenizer, [*messages[:index], {"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
+        probe = render_chat(tokenizer, [*messages[:index], {"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
         start = probe.find(_SENTINEL)
-        after = _render(tokenizer, messages[: index + 1], generation_prompt=False)
+        after = render_chat(tokenizer, messages[: index + 1], generation_prompt=False)
         if start < 0 or after[:start] != probe[:start] or not full.startswith(after):
             raise TapsError(
                 f"the chat template of {tokenizer.name_or_path} renders conversation prefixes inconsistently "
@@ -54,7 +54,7 @@ def end_of_turn_suffix(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str]:
     """(end-of-turn text, what follows it) that the template renders after an assistant reply; the first ends
     with the first special token after the reply (empty when there is none: the turn ends with its text)."""
     if tokenizer not in _SUFFIX:
-        probe = _render(tokenizer, [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
+        probe = render_chat(tokenizer, [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}], generation_prompt=False)
         after = probe[probe.find(_SENTINEL) + len(_SENTINEL):] if _SENTINEL in probe else ""
         found = [(after.find(token), token) for token in _special_tokens(tokenizer) if token in after]
         cut = min((index + len(token) for index, token in found), default=0)
@@ -136,5 +136,29 @@ def _longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
     return _LONGEST_TOKEN[tokenizer]
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def check_text(text: str, what: str) -> None:
+    """Text a tokenizer can take: a lone surrogate (from a mis-decoded file or argument) cannot be encoded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise TapsError(f"{what} is not valid Unicode text ({err.reason} at character {err.start}); pass UTF-8 text") from None
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool = True) -> str:
+    """The conversation as the verifier's chat template writes it. Every conversation taps-train formats passes here, so
+    text a tokenizer cannot take and templates that fail (a missing one, a syntax error, one that raises, one the
+    sandbox stops from reaching Python attributes) are one line naming the tokenizer, not a traceback from jinja."""
+    where = f"verifier tokenizer {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
+    for index, message in enumerate(messages):
+        check_text(message["content"], f"message {index + 1}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise TapsError(f"{where} has no chat template, which taps-train formats conversations with; use an instruction-tuned "
+                        "model's directory, or add chat_template to its tokenizer_config.json")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as err:  # a template is a program of the model's author: jinja's TemplateError, SecurityError, anything it raises
+        raise TapsError(f"the chat template of {where} failed ({type(err).__name__}: {first_line(err)}); fix its chat template "
+                        "(tokenizer_config.json or chat_template.jinja)") from None
+    if not isinstance(text, str):
+        raise TapsError(f"the chat template of {where} returned {type(text).__name__}, not text; fix its chat template")
+    return text

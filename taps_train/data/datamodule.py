@@ -29,6 +29,8 @@ from taps_train.data.prepare import PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.drafter.features import LAST, FeatureContract
 from taps_train.errors import TapsError
+from taps_train.paths import writable_directory
+from taps_train.ranges import int_problem, require
 from taps_train.verifier.placement import resolve_placement
 
 
@@ -112,15 +114,26 @@ class DrafterDataModule(LightningDataModule):
         # may differ (a cache built in bfloat16, training in float32), and Lightning refuses two values under one key.
         self.save_hyperparameters(ignore=["verifier_device", "verifier_dtype"])
         self.save_hyperparameters({**self.hparams, "cache_verifier_device": verifier_device, "cache_verifier_dtype": verifier_dtype})
+        for name, problem in {
+            "data.batch_size": int_problem(batch_size, 1, "at least 1 conversation per batch"),
+            "data.max_tokens_per_batch": None if max_tokens_per_batch is None else int_problem(max_tokens_per_batch, 1, "a token cap (or null)"),
+            "data.val_samples_per_source": None if val_samples_per_source is None else int_problem(val_samples_per_source, 0, "a count (or null: all)"),
+            "data.num_workers": int_problem(num_workers, 0, "a worker count"),
+            "data.seed": int_problem(seed, 0, "a seed"),
+        }.items():
+            require(name, problem)
         self.recipe_path = recipe
         self.recipe = load_recipe(recipe)
+        if max_tokens_per_batch is not None and max_tokens_per_batch < self.recipe.max_length:
+            raise TapsError(f"data.max_tokens_per_batch {max_tokens_per_batch} is smaller than one sample of recipe {recipe} (max_length "
+                            f"{self.recipe.max_length}): such a sample would make a batch over the cap; pass at least {self.recipe.max_length}")
         self.verifier = verifier
         self.settings = CacheSettings(dtype=feature_dtype)
         self.contract = FeatureContract(tuple(verifier_states))
         resolve_placement(verifier_device, verifier_dtype)  # refuse a bad device/dtype now, not after the data is read
         self.verifier_device = verifier_device
         self.verifier_dtype = verifier_dtype
-        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.cache_dir = writable_directory(cache_dir, "data.cache_dir", "pass a writable folder for the feature cache") if cache_dir else None
         self.online = online
         self.batch_size = batch_size
         self.max_tokens = max_tokens_per_batch

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-import yaml
 
 from taps_train.data.conversation import Conversation
 from taps_train.data.records import ReadReport
 from taps_train.data.sources import SOURCES, Jsonl, describe, make_source
 from taps_train.errors import TapsError
+from taps_train.user_yaml import read_yaml
 
 
 @dataclass(frozen=True)
@@ -128,26 +128,6 @@ class _Checker:
             self.fail(f"{where + ': ' if where else ''}unknown field(s) {unknown}; allowed: {', '.join(allowed)}")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key written twice in one mapping (the later one would silently win).
-    Keys merged in with `<<: *anchor` may still be overridden, as YAML intends."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                    continue
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key_node.value!r}", key_node.start_mark)
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
 def load_recipe(path: str | Path) -> Recipe:
     """Parse and validate a recipe YAML: the type and range of every field, unknown fields at every level.
 
@@ -155,18 +135,7 @@ def load_recipe(path: str | Path) -> Recipe:
     must be; nothing reaches `select` or the cache keys unchecked (a `seed: null` would draw a new split
     on every run under one cache key)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise TapsError(f"cannot read recipe {path}: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise TapsError(f"recipe {path} is not UTF-8 text ({err.reason} at byte {err.start})") from err
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as err:
-        raise TapsError(f"recipe {path} is not valid YAML: {_one_line(err)}") from err
-    except RecursionError as err:
-        raise TapsError(f"recipe {path} is nested too deeply to be a recipe") from err
+    raw = read_yaml(path, "recipe", "see data_recipes/README.md")
     if not isinstance(raw, dict):
         raise TapsError(f"recipe {path} must be a mapping with 'name' and 'sources', got {_shown(raw)}")
     check = _Checker(path)

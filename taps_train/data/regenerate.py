@@ -15,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from taps_train.data.chat_format import render_chat
 from taps_train.data.conversation import Conversation
 from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Regenerate
@@ -111,7 +112,7 @@ def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int
                     waiting.append(i)
             else:
                 messages[i].append(conversation.messages[turn])
-        prompts = {i: tokenizer.apply_chat_template(messages[i], tokenize=False, add_generation_prompt=True) for i in waiting}
+        prompts = {i: render_chat(tokenizer, messages[i]) for i in waiting}
         for i in waiting:  # no room left for a reply within max_length: the conversation ends here
             if len(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]) >= max_length - 1:
                 finished[i] = True

@@ -9,6 +9,7 @@ import torch
 
 from taps_train.drafter.checkpoint import read_checkpoint
 from taps_train.errors import TapsError
+from taps_train.paths import output_file
 
 
 def check_weights(weights: list[float], count: int, option: str = "--weights") -> list[float]:
@@ -56,9 +57,7 @@ def _check_finite(state: dict, what: str, fix: str) -> None:
 
 
 def check_output(paths: list[str | Path], output: str | Path, option: str = "--output") -> Path:
-    output = Path(output).expanduser()
-    if output.is_dir():
-        raise TapsError(f"{option} {output} is an existing directory; pass a file path such as {output / 'averaged.ckpt'}")
+    output = output_file(output, option)
     resolved = output.resolve()
     for path in paths:
         if Path(path).expanduser().resolve() == resolved:

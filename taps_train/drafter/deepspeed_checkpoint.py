@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from taps_train.errors import TapsError, first_line
+from taps_train.paths import output_file
 
 # What ZeRO optimizer-state files pickle besides tensors and builtins (DeepSpeed 0.15-0.19).
 _ALLOWED = (
@@ -56,9 +57,9 @@ def consolidate(directory: str | Path, output: str | Path | None = None) -> Path
     directory = Path(directory)
     if not directory.is_dir():
         raise TapsError(f"{directory} is not a DeepSpeed checkpoint directory; consolidate reads `<name>.ckpt/` directories written under DeepSpeed")
-    output = Path(output) if output else directory.with_name(f"{directory.name.removesuffix('.ckpt')}.drafter.ckpt")
-    if output.resolve() == directory.resolve() or output.is_dir():
-        raise TapsError(f"output {output} is a directory; pass a file path")
+    if output is None and not directory.resolve().name:
+        raise TapsError(f"{directory} is the filesystem root, not a `<name>.ckpt` DeepSpeed checkpoint directory; pass the checkpoint directory")
+    output = output_file(output or directory.resolve().with_name(f"{directory.resolve().name.removesuffix('.ckpt')}.drafter.ckpt"), "--output")
     checkpoint = read_deepspeed_checkpoint(directory)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")

@@ -74,11 +74,14 @@ def check_draft_vocab_size(draft_vocab_size: int | float) -> None:
 
 
 def draft_vocab_tokens(draft_vocab_size: int | float, verifier_vocab_size: int) -> int:
-    """`draft_vocab_size` in tokens: an int is a count (capped at the verifier's vocabulary), a float in (0, 1] a fraction of
+    """`draft_vocab_size` in tokens: an int is a count (at most the verifier's vocabulary), a float in (0, 1] a fraction of
     the verifier's vocabulary (rounded, at least 1), so one config fits verifiers of any vocabulary."""
     check_draft_vocab_size(draft_vocab_size)
     if isinstance(draft_vocab_size, int):
-        return min(draft_vocab_size, verifier_vocab_size)
+        if draft_vocab_size > verifier_vocab_size:
+            raise TapsError(f"draft_vocab_size {draft_vocab_size} exceeds the verifier's vocabulary of {verifier_vocab_size} tokens; "
+                            f"pass at most {verifier_vocab_size}, or a fraction such as 0.25")
+        return draft_vocab_size
     return max(1, round(draft_vocab_size * verifier_vocab_size))
 
 

@@ -2,7 +2,6 @@
 one JSON report per temperature (design.md, "Eval report"), and a τ table on stdout."""
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -19,8 +18,10 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.engine import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
-from taps_train.eval.outputs import file_in_the_way
 from taps_train.eval.report import EvalReport, TreeShape, tau_cell
+from taps_train.eval.settings import benchmark_problem, temperatures_problem, top_p_problem, tree_problems
+from taps_train.ranges import int_problem
+from taps_train.paths import output_file
 from taps_train.spec.calibrate import TreeCalibration, calibrate_tree
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
@@ -77,10 +78,7 @@ def run_eval(args: list[str]) -> None:
     check_options(options)
     if options.engine == "vllm":
         check_engine_options(options)
-    # load_benchmark reports skipped records itself
-    benchmarks = {spec.split(":")[0]: load_benchmark(spec, options.prompts)[0] for spec in options.benchmarks}
-    if options.engine == "vllm":
-        write_reports(run_engine_eval(options, benchmarks), options)
+        write_reports(run_engine_eval(options, load_benchmarks(options)), options)
         return
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
     verifier = load_verifier(options.verifier, options.device, options.verifier_dtype)
@@ -89,6 +87,7 @@ def run_eval(args: list[str]) -> None:
         drafters = [averaged_drafter(options.drafters, options.weights, verifier.model, fingerprint)]
     else:
         drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
+    benchmarks = load_benchmarks(options)
     eos = stop_token_ids(verifier.model, verifier.tokenizer)
     calibration = None
     if options.tree == "auto":
@@ -120,6 +119,11 @@ def run_eval(args: list[str]) -> None:
             tree_calibration=None if calibration is None else calibration.as_dict(),
         )
     write_reports(reports, options)
+
+
+def load_benchmarks(options: argparse.Namespace) -> dict[str, list]:
+    """Each benchmark's first --prompts prompts (load_benchmark reports skipped records itself)."""
+    return {spec.split(":")[0]: load_benchmark(spec, options.prompts)[0] for spec in options.benchmarks}
 
 
 def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace) -> None:
@@ -159,21 +163,19 @@ def check_options(options: argparse.Namespace) -> None:
     def refuse(option: str, value, need: str) -> TapsError:
         return TapsError(f"{option} {value} is out of range: need {need}")
 
-    if options.prompts < 1:
-        raise refuse("--prompts", options.prompts, "at least 1 prompt per benchmark")
-    if options.max_new_tokens < 1:
-        raise refuse("--max-new-tokens", options.max_new_tokens, "at least 1")
-    if options.total_tokens < 2:
-        raise refuse("--total-tokens", options.total_tokens, "at least 2 (the root and one draft token)")
-    if not 1 <= options.depth <= options.total_tokens - 1:
-        raise refuse("--depth", options.depth, f"1 <= depth <= total tokens - 1 = {options.total_tokens - 1}")
-    if options.top_k < 1:
-        raise refuse("--top-k", options.top_k, "at least 1")
-    bad = [t for t in options.temperatures if not math.isfinite(t) or t < 0]
-    if bad:
-        raise refuse("--temperatures", " ".join(f"{t:g}" for t in bad), "finite values >= 0 (0 is greedy)")
-    if not (math.isfinite(options.top_p) and 0 < options.top_p <= 1):
-        raise refuse("--top-p", f"{options.top_p:g}", "0 < top-p <= 1 (1 disables nucleus sampling)")
+    problems = {
+        "--prompts": int_problem(options.prompts, 1, "at least 1 prompt per benchmark"),
+        "--max-new-tokens": int_problem(options.max_new_tokens, 1, "at least 1"),
+        "--seed": int_problem(options.seed, 0, "a seed >= 0"),
+        **{f"--{field.replace('_', '-')}": problem
+           for field, problem in tree_problems(options.total_tokens, options.depth, options.top_k).items()},
+        "--temperatures": temperatures_problem(options.temperatures),
+        "--top-p": top_p_problem(options.top_p),
+        **{"--benchmarks": problem for problem in map(benchmark_problem, options.benchmarks) if problem},
+    }
+    for option, problem in problems.items():
+        if problem:
+            raise TapsError(f"{option} {problem}")
     if options.tree == "auto" and options.strategy not in ("single", "average"):
         raise TapsError(f"--tree auto calibrates one drafter's trees; strategy '{options.strategy}' combines several per round. "
                         "Pass --tree fixed with --total-tokens/--depth/--top-k, or calibrate each drafter alone")
@@ -185,11 +187,7 @@ def check_options(options: argparse.Namespace) -> None:
         check_weights(options.weights, len(options.drafters))
     output = Path(options.output).expanduser()
     for path in {output, *(report_path(output, t, len(options.temperatures)) for t in options.temperatures)}:
-        if path.is_dir():
-            raise TapsError(f"--output {path} is an existing directory; pass a report file path such as {path / 'report.json'}")
-    blocker = file_in_the_way(output.parent)
-    if blocker:
-        raise TapsError(f"--output {output}: {blocker} is a file, so the report's directory cannot be created; pass a path under a directory")
+        output_file(path, "--output")
     config = read_config(resolve_verifier_path(options.verifier))
     context = getattr(config, "max_position_embeddings", None)
     if context and options.max_new_tokens >= context:

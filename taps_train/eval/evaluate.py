@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from taps_train.data.chat_format import render_chat
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, speedup_interval, tau_interval
@@ -129,7 +130,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = render_chat(tokenizer, messages)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

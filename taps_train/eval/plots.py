@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from taps_train.errors import TapsError
-from taps_train.eval.outputs import file_in_the_way
+from taps_train.paths import writable_directory
 from taps_train.eval.report import read_report, tau_cell
 
 DPI = 120
@@ -86,8 +86,16 @@ def benchmark_names(reports: list[dict]) -> list[str]:
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = [header, ["---"] * len(header), *rows]
+    """Cells come from report files (drafter names are paths a user chose), so each is one line of inert text."""
+    lines = [[markdown_cell(cell) for cell in header], ["---"] * len(header), *([markdown_cell(cell) for cell in row] for row in rows)]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in lines)
+
+
+def markdown_cell(text: object) -> str:
+    """One table cell: line breaks and control characters become spaces; pipes, backticks, HTML and link brackets are
+    escaped, so a name cannot end the table, start a new block or inject markup or links."""
+    flat = "".join(" " if (ord(c) < 32 or ord(c) == 127 or c in "\u2028\u2029\x85") else c for c in str(text))
+    return "".join("\\" + c if c in "\\|`<>[]" else c for c in flat)
 
 
 def tau_table(reports: list[dict]) -> str:
@@ -350,10 +358,7 @@ def _interpolation_table(reports: list[dict]) -> str:
 
 def write_report(paths: Iterable[str | Path], out: str | Path) -> list[Path]:
     """PNGs of every view plus report.md (tables and the images) in `out`; returns the files written."""
-    out = Path(out)
-    blocker = file_in_the_way(out)
-    if blocker:
-        raise TapsError(f"--out {out}: {blocker} is a file, not a directory; pass a directory (new or existing) for the PNGs and report.md")
+    out = writable_directory(out, "--out", "pass a directory (new or existing) for the PNGs and report.md")
     reports = load_reports(paths)
     out.mkdir(parents=True, exist_ok=True)
     written = []

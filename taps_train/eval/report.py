@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from taps_train.errors import TapsError
+from taps_train.paths import read_at_most
 from taps_train.eval.intervals import PromptCounts
 
 MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
@@ -134,11 +135,10 @@ def read_report(path: str | Path) -> EvalReport:
     """Read and check one report file: every field the contract names, with its type and range."""
     path = Path(path)
     try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_REPORT_BYTES + 1)
+        raw = read_at_most(path, MAX_REPORT_BYTES)
     except OSError as err:
         raise TapsError(f"cannot read eval report {path}: {err.strerror or err}; pass a JSON file written by `taps-train eval`") from err
-    if len(raw) > MAX_REPORT_BYTES:
+    if raw is None:
         raise _Field(path).error(f"is larger than {MAX_REPORT_BYTES // 2**20} MiB")
     try:
         data = json.loads(raw.decode("utf-8"))

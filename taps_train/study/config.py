@@ -8,11 +8,13 @@ weight averaging, all at every temperature on the domains' held-out benchmarks.
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from taps_train.errors import TapsError
-from taps_train.eval.benchmarks import BENCHMARKS
+from taps_train.data.recipe import load_recipe
+from taps_train.fit_config import FIX, check_trainer_options, fit_config_problems
+from taps_train.eval.settings import benchmark_problem, temperatures_problem, tree_problems, verifier_problem
+from taps_train.ranges import int_problem
 from taps_train.spec.strategies import STRATEGIES
+from taps_train.user_yaml import read_yaml
 
 
 @dataclass
@@ -84,9 +86,10 @@ class Study:
             if not domain.benchmarks:
                 problems.append(f"domains.{name}.benchmarks: name at least one held-out benchmark")
             for spec in domain.benchmarks:
-                benchmark, _, path = spec.partition(":")
-                if benchmark not in BENCHMARKS:
-                    problems.append(f"domains.{name}.benchmarks: unknown benchmark {benchmark!r}; known: {', '.join(BENCHMARKS)}")
+                problem = benchmark_problem(spec)
+                path = spec.partition(":")[2]
+                if problem:
+                    problems.append(f"domains.{name}.benchmarks: {problem}")
                 elif path and not Path(path).is_file():
                     problems.append(f"domains.{name}.benchmarks: {spec}: {path} does not exist")
         files = {f"domains.{n}.recipe": d.recipe for n, d in self.domains.items()}
@@ -94,39 +97,60 @@ class Study:
         files |= {f"backbones.{n}": path for n, path in self.backbones.items()}
         problems += [f"{key}: {path} does not exist (relative paths start at the current directory)"
                      for key, path in files.items() if not Path(path).is_file()]
-        problems += [f"backbones.{n}: {path} is not a fit config with model and data sections"
-                     for n, path in self.backbones.items() if Path(path).is_file() and not _is_fit_config(path)]
+        for key, path in files.items():
+            if Path(path).is_file() and not key.startswith("backbones."):
+                try:
+                    load_recipe(path)
+                except TapsError as err:
+                    problems.append(f"{key}: {err}")
+        for name, path in self.backbones.items():
+            if Path(path).is_file():
+                problems += _backbone_config_problems(name, path)
         known = sorted({*STRATEGIES, "average"} - {"single"})
         unknown = [s for s in self.strategies if s not in known]
         if unknown:
             problems.append(f"strategies: {unknown} are not composition strategies; use {known}")
         if self.lambdas and len(self.domains) != 2:
             problems.append(f"lambdas: a λ sweep interpolates two specialists; this study has {len(self.domains)} domains")
-        if any(not 0 <= value <= 1 for value in self.lambdas):
+        if any(not (isinstance(value, int | float) and 0 <= value <= 1) for value in self.lambdas):
             problems.append(f"lambdas: every λ lies in [0, 1], got {self.lambdas}")
-        if (self.max_steps is not None and self.max_steps < 1) or self.prompts < 1 or self.max_new_tokens < 1 or not self.temperatures:
-            problems.append("max_steps, prompts and max_new_tokens must be >= 1 and temperatures not empty")
-        if any(t < 0 for t in self.temperatures):
-            problems.append(f"temperatures: every temperature is >= 0, got {self.temperatures}")
+        problems += [f"{key}: {problem}" for key, problem in self._run_problems().items() if problem]
         if problems:
             raise TapsError(f"study {self.name}: " + "; ".join(problems))
 
 
+    def _run_problems(self) -> dict[str, str | None]:
+        """What `fit` and `eval` would refuse in the settings every cell passes them (the same rules: eval/settings.py)."""
+        return {
+            "max_steps": None if self.max_steps is None else int_problem(self.max_steps, 1, "at least 1 step (or null: each config's own)"),
+            "prompts": int_problem(self.prompts, 1, "at least 1 prompt per benchmark"),
+            "max_new_tokens": int_problem(self.max_new_tokens, 1, "at least 1"),
+            "seed": int_problem(self.seed, 0, "a seed >= 0"),
+            **{f"tree.{field}": problem for field, problem in tree_problems(self.tree.total_tokens, self.tree.depth, self.tree.top_k).items()},
+            "temperatures": temperatures_problem(self.temperatures),
+            "verifier": verifier_problem(self.verifier),
+        }
+
+
 def check_study_file(path: str) -> None:
     """A readable YAML mapping, or one line naming the file (before jsonargparse, which would print a foreign file)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise TapsError(f"cannot read study file {path}: {err.strerror or err}; pass a study YAML (see configs/study/)") from err
-    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as err:
-        raise TapsError(f"study file {path} is not valid YAML ({type(err).__name__}); pass a study YAML (see configs/study/)") from err
+    data = read_yaml(path, "study file", "pass a study YAML (see configs/study/)")
     if not isinstance(data, dict):
         raise TapsError(f"study file {path} is not a YAML mapping of study keys (name, domains, backbones, ...); see configs/study/")
 
 
-def _is_fit_config(path: str) -> bool:
+def _backbone_config_problems(name: str, path: str) -> list[str]:
+    """The backbone's fit config, read and shaped as `fit` will read it (every cell of the backbone runs it)."""
     try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return False
-    return isinstance(config, dict) and isinstance(config.get("model"), dict) and isinstance(config.get("data"), dict)
+        config = read_yaml(path, "fit config", FIX)
+    except TapsError as err:
+        return [f"backbones.{name}: {err}"]
+    problems = fit_config_problems(config)
+    if not problems and not (isinstance(config.get("model"), dict) and isinstance(config.get("data"), dict)):
+        problems = ["it has no model and data sections"]
+    if not problems:
+        try:
+            check_trainer_options(config.get("trainer") or {})
+        except TapsError as err:
+            problems = [str(err)]
+    return [f"backbones.{name}: {path}: {problem}" for problem in problems[:1]]

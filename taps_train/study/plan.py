@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from taps_train.eval.command import report_path
+from taps_train.fit_config import FIX
 from taps_train.study.config import Study
+from taps_train.user_yaml import read_yaml
 
 LAST_CHECKPOINT = "taps_train.training.checkpointing.LastCheckpoint"
 CHECKPOINT_CALLBACKS = ("lightning.pytorch.callbacks.ModelCheckpoint", "taps_train.training.checkpointing.RunCheckpoint", LAST_CHECKPOINT)
@@ -73,7 +73,7 @@ def _training_sets(study: Study) -> dict[str, str]:
 
 def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
     directory = fit_dir(study, backbone, name)
-    config = fit_config(yaml.safe_load(Path(study.backbones[backbone]).read_text()), study, recipe, directory)
+    config = fit_config(read_yaml(study.backbones[backbone], "fit config", FIX), study, recipe, directory)
     checkpoint = directory / "last.ckpt"
     fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
     return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],

@@ -2,11 +2,13 @@
 
 Each cell runs as its own `taps-train` process (the same command a user would type; its output goes to
 `logs/<cell>.log`), so a crash in one cell cannot leave the study's own state half-written, and a cell's
-process dies with the study's. A cell is finished when `cells/<cell>.json` records its fingerprint and its
-outputs exist; an interrupted fit resumes from its last checkpoint when its fingerprint is unchanged.
+process dies with the study's. A cell is finished when `cells/<cell>.json` records its fingerprint and its outputs still
+read back as they were written (size and SHA-256, recorded with it); an interrupted fit resumes from its last checkpoint
+when its fingerprint is unchanged.
 """
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ from rich.console import Console
 
 from taps_train.data.locking import exclusive
 from taps_train.errors import TapsError
+from taps_train.paths import writable_directory
 from taps_train.study.config import Study
 from taps_train.study.plan import Cell, plan
 
@@ -76,21 +79,32 @@ class _State:
         return self.directory / f"{cell.key}.json"
 
     def read(self, cell: Cell) -> dict | None:
+        path = self.path(cell)
+        if path.is_dir():
+            raise TapsError(f"study state {path} is a directory, where taps-train keeps a cell's record file; remove it "
+                            "(the cell then runs again)")
         try:
-            record = json.loads(self.path(cell).read_text())
-        except (OSError, ValueError):
+            record = json.loads(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
             return None
         return record if isinstance(record, dict) else None
 
     def finished(self, cell: Cell) -> bool:
+        """Recorded with the cell's fingerprint, and every output still what the cell wrote (size and SHA-256)."""
         record = self.read(cell)
-        return bool(record) and record.get("fingerprint") == cell.fingerprint and all(p.exists() for p in cell.outputs)
+        if not record or record.get("fingerprint") != cell.fingerprint:
+            return False
+        outputs = record.get("outputs") if isinstance(record.get("outputs"), list) else []
+        if outputs and all(isinstance(entry, str) for entry in outputs):  # recorded before sizes and hashes were: non-empty
+            return all(path.exists() and _size_and_time(path)[0] > 0 for path in cell.outputs)
+        written = {entry.get("path"): entry for entry in outputs if isinstance(entry, dict)}
+        return all(_intact(path, written.get(str(path))) for path in cell.outputs)
 
     def record(self, cell: Cell, seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.path(cell).with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"fingerprint": cell.fingerprint, "seconds": round(seconds, 1), "steps": cell.steps,
-                                   "decodes": cell.decodes, "outputs": [str(p) for p in cell.outputs]}, indent=2))
+                                   "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs]}, indent=2))
         os.replace(tmp, self.path(cell))
 
     def measured(self, kind: str, backbone: str | None = None) -> float | None:
@@ -108,9 +122,40 @@ class _State:
         return seconds / units if units else None
 
 
+def _files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]  # DeepSpeed checkpoints are folders
+
+
+def _size_and_time(path: Path) -> tuple[int, int]:
+    stats = [file.stat() for file in _files(path)]
+    return sum(s.st_size for s in stats), max((s.st_mtime_ns for s in stats), default=0)
+
+
+def _summary(path: Path) -> dict:
+    """What an output was when its cell finished: size, modification time and content hash."""
+    digest = hashlib.sha256()
+    for file in _files(path):
+        digest.update(f"{file.relative_to(path) if path.is_dir() else ''}\0".encode())
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(2**20), b""):
+                digest.update(block)
+    size, mtime = _size_and_time(path)
+    return {"path": str(path), "size": size, "mtime_ns": mtime, "sha256": digest.hexdigest()}
+
+
+def _intact(path: Path, written: dict | None) -> bool:
+    """The output exists and reads back as recorded (the hash is recomputed only when size or time changed)."""
+    if written is None or not path.exists():
+        return False
+    size, mtime = _size_and_time(path)
+    if (size, mtime) == (written.get("size"), written.get("mtime_ns")):
+        return True
+    return size == written.get("size") and _summary(path)["sha256"] == written.get("sha256")
+
+
 def _run_cell(cell: Cell, state: _State) -> float:
     log = cell.log
-    log.parent.mkdir(parents=True, exist_ok=True)
+    writable_directory(log.parent, "study log folder", "remove the file in the way or point out_root elsewhere").mkdir(parents=True, exist_ok=True)
     args = list(cell.args)
     if cell.kind == "fit":
         _prepare_fit(cell, state, args)

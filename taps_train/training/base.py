@@ -18,6 +18,7 @@ from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
 from taps_train.drafter.features import FEATURES
 from taps_train.errors import TapsError
+from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.progress import step_progress_bar
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
@@ -27,6 +28,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 
 class DrafterModule(LightningModule, ABC):
+    drafter_class: type[DrafterBackbone]  # the network this module trains (each subclass names its backbone)
+
     def __init__(
         self,
         verifier: str = "taps-tiny",
@@ -60,14 +63,24 @@ class DrafterModule(LightningModule, ABC):
                 large vocabularies; None = all positions at once). Values and gradients do not depend on it.
         """
         super().__init__()
+        for name, problem in {
+            "model.lr": float_problem(lr, 0.0, what="a learning rate", above_minimum=True),
+            "model.weight_decay": float_problem(weight_decay, 0.0),
+            "model.warmup_steps": int_problem(warmup_steps, 0, "a step count"),
+            "model.min_lr_ratio": float_problem(min_lr_ratio, 0.0, 1.0),
+            **{f"model.betas[{i}]": float_problem(beta, 0.0, 1.0) for i, beta in enumerate(betas)},
+        }.items():
+            require(name, problem)
+        if len(betas) != 2 or any(beta >= 1 for beta in betas):
+            raise TapsError(f"model.betas {list(betas)} is out of range: need two values in [0, 1)")
         if schedule not in SCHEDULES:
-            raise TapsError(f"unknown schedule {schedule!r}; use one of {SCHEDULES}")
+            raise TapsError(f"unknown model.schedule {schedule!r}; use one of {SCHEDULES}")
         if schedule_steps is not None and schedule_steps < 1:
-            raise TapsError(f"schedule_steps must be >= 1 (or null for the run's length), got {schedule_steps}")
+            raise TapsError(f"model.schedule_steps must be >= 1 (or null for the run's length), got {schedule_steps}")
         if verifier_dtype not in COMPUTE_DTYPE_CHOICES:
-            raise TapsError(f"unknown verifier_dtype {verifier_dtype!r}; use one of {', '.join(COMPUTE_DTYPE_CHOICES)}")
+            raise TapsError(f"unknown model.verifier_dtype {verifier_dtype!r}; use one of {', '.join(COMPUTE_DTYPE_CHOICES)}")
         if loss_chunk_size is not None and loss_chunk_size < 1:
-            raise TapsError(f"loss_chunk_size must be >= 1 (or null for no chunking), got {loss_chunk_size}")
+            raise TapsError(f"model.loss_chunk_size must be >= 1 (or null for no chunking), got {loss_chunk_size}")
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects every __init__ frame)
         # Only the config, the tokenizer and two tensors of the verifier: its layers are never built here,
         # so N ranks do not each hold an 8B model in host RAM before training starts.
@@ -195,14 +208,30 @@ class DrafterModule(LightningModule, ABC):
         return super().load_state_dict({**frozen, **state_dict}, strict=strict, assign=assign)
 
     def _check_compatible(self, checkpoint: dict, where: str) -> None:
+        """Before any state is loaded: a taps-train checkpoint of this verifier and of this module's drafter network."""
         if "taps" not in checkpoint:
             raise TapsError(f"{where} is not a taps-train drafter checkpoint (no 'taps' section)")
         check_verifier(checkpoint, self.verifier_fingerprint, where)
+        check_backbone(checkpoint, self.drafter.config.architectures[0], bool(getattr(self.drafter.config, "fc_bias", False)), where,
+                       type(self).__name__)
 
     def _warm_start(self, path: str) -> None:
         checkpoint = read_checkpoint(path)
-        check_verifier(checkpoint, self.verifier_fingerprint, f"warm-start checkpoint {path}")
+        self._check_compatible(checkpoint, f"warm-start checkpoint {path}")
         load_drafter_weights(self.drafter, checkpoint, f"warm-start checkpoint {path}")
+
+
+def check_backbone(checkpoint: dict, architecture: str, fc_bias: bool, where: str, module: str) -> None:
+    """The checkpoint's drafter is the network `module` trains (architecture and fc bias), checked before any state loads."""
+    trained = checkpoint["taps"].get("drafter_config") or {}
+    theirs = (list(trained.get("architectures") or []), bool(trained.get("fc_bias", False)))
+    if theirs != ([architecture], fc_bias):
+        raise TapsError(f"{where} holds a {_network(*theirs)} drafter, but this {module} trains a {_network([architecture], fc_bias)} one; "
+                        "use the config of the backbone it was trained with")
+
+
+def _network(architectures: list, fc_bias: bool) -> str:
+    return f"{'/'.join(map(str, architectures)) or 'unnamed'} ({'with' if fc_bias else 'without'} fc bias)"
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:

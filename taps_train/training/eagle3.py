@@ -21,6 +21,8 @@ from taps_train.training.base import DrafterModule
 
 
 class Eagle3Module(DrafterModule):
+    drafter_class = Eagle3Drafter
+
     def __init__(
         self,
         verifier: str = "taps-tiny",
@@ -42,9 +44,9 @@ class Eagle3Module(DrafterModule):
             step_weight_decay: pass k's loss weight is step_weight_decay ** k.
         """
         if ttt_steps < 1:
-            raise TapsError(f"ttt_steps must be >= 1, got {ttt_steps}")
+            raise TapsError(f"model.ttt_steps must be >= 1, got {ttt_steps}")
         if not 0 < step_weight_decay <= 1:
-            raise TapsError(f"step_weight_decay must be in (0, 1], got {step_weight_decay}")
+            raise TapsError(f"model.step_weight_decay must be in (0, 1], got {step_weight_decay}")
         check_draft_vocab_size(draft_vocab_size)  # before the verifier is read
         self.vocabulary_chosen = False
         super().__init__(verifier=verifier, **kwargs)

@@ -17,6 +17,7 @@ from transformers import PretrainedConfig
 from taps_train.drafter import Drafter, DrafterBackbone, build_drafter
 from taps_train.drafter.features import FEATURES
 from taps_train.errors import TapsError
+from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.base import DrafterModule
 from taps_train.training.losses import feature_loss, vocab_losses
 
@@ -25,6 +26,8 @@ ALIGN_REDUCTIONS = ("mean", "sum")
 
 
 class Eagle2Module(DrafterModule):
+    drafter_class = Drafter
+
     def __init__(
         self,
         verifier: str = "taps-tiny",
@@ -59,12 +62,20 @@ class Eagle2Module(DrafterModule):
             accuracy_topk: k of the logged top-k accuracy.
             seed: seed of the feature noise (per step, so resumed runs draw the same noise).
         """
+        for name, problem in {
+            **{f"model.{key}": float_problem(value, 0.0) for key, value in
+               (("feature_weight", feature_weight), ("prob_weight", prob_weight), ("topk_weight", topk_weight), ("feature_noise", feature_noise))},
+            "model.topk": int_problem(topk, 1, "at least 1"),
+            "model.accuracy_topk": int_problem(accuracy_topk, 1, "at least 1"),
+            "model.seed": int_problem(seed, 0, "a seed"),
+        }.items():
+            require(name, problem)
         if align_steps < 1:
-            raise TapsError(f"align_steps must be >= 1, got {align_steps}")
+            raise TapsError(f"model.align_steps must be >= 1, got {align_steps}")
         if align_reduction not in ALIGN_REDUCTIONS:
-            raise TapsError(f"unknown align_reduction {align_reduction!r}; use one of {ALIGN_REDUCTIONS}")
+            raise TapsError(f"unknown model.align_reduction {align_reduction!r}; use one of {ALIGN_REDUCTIONS}")
         if noise_scaling not in NOISE_SCALINGS:
-            raise TapsError(f"unknown noise_scaling {noise_scaling!r}; use one of {NOISE_SCALINGS}")
+            raise TapsError(f"unknown model.noise_scaling {noise_scaling!r}; use one of {NOISE_SCALINGS}")
         super().__init__(verifier=verifier, **kwargs)
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:

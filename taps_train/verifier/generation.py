@@ -9,7 +9,7 @@ model's generation config lists its end-of-sequence ids (Llama-3-Instruct: `<|en
 import torch
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from taps_train.data.chat_format import end_of_turn_token, vocabulary_id
+from taps_train.data.chat_format import end_of_turn_token, render_chat, vocabulary_id
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -28,9 +28,8 @@ def stop_token_ids_of(config: PretrainedConfig, generation_config: GenerationCon
 
 def greedy_reply(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
     """The model's greedy answer to one user message, formatted with its chat template, up to its stop token."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )["input_ids"].to(model.device)
+    text = render_chat(tokenizer, [{"role": "user", "content": prompt}])
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
     stop = stop_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop or [None])[0]
     with torch.no_grad():

@@ -22,7 +22,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from taps_train.errors import TapsError, first_line
-from taps_train.verifier.gguf import PACKAGED, ensure_gguf_verifier, is_gguf_source
+from taps_train.verifier.gguf import PACKAGED, ensure_gguf_verifier, gguf_file, is_gguf_source
 from taps_train.verifier.placement import COMPUTE_DTYPES, Placement, resolve_placement
 
 TINY_VERIFIER = "taps-tiny"
@@ -48,12 +48,27 @@ def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) ->
     A local directory that ships its own Python (`auto_map` in its config or tokenizer config) is refused
     unless `trust_remote_code`: transformers would import that code, or ask on the terminal whether to.
     Hub ids are covered by passing `trust_remote_code` explicitly to every `from_pretrained`."""
+    check_verifier_reference(name_or_path, trust_remote_code)
     if name_or_path == TINY_VERIFIER:
         from taps_train.verifier.tiny import ensure_tiny_verifier
 
         return str(ensure_tiny_verifier())
     if is_gguf_source(name_or_path):
         return str(ensure_gguf_verifier(name_or_path))
+    path = Path(name_or_path).expanduser()
+    return str(path) if path.exists() else name_or_path
+
+
+def check_verifier_reference(name_or_path: str, trust_remote_code: bool = False) -> None:
+    """What `resolve_verifier_path` checks before it builds or converts anything (a plan's dry run checks this)."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise TapsError(f"verifier {name_or_path!r} names nothing; pass a model directory, a .gguf file, a hub id, {TINY_VERIFIER} "
+                        f"or one of {', '.join(PACKAGED)}")
+    if name_or_path == TINY_VERIFIER:
+        return
+    if is_gguf_source(name_or_path):
+        gguf_file(name_or_path)
+        return
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -62,11 +77,27 @@ def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) ->
             raise TapsError(f"verifier directory {path} has no config.json; pass a Hugging Face model directory (save_pretrained layout)")
         if not trust_remote_code:
             _refuse_custom_code(path)
-        return str(path)
+        _refuse_escaping_index(path)
+        return
     if not _HUB_ID.match(name_or_path) or name_or_path.startswith((".", "~")):
         raise TapsError(f"verifier path {name_or_path} does not exist; pass an existing model directory, a .gguf file, a hub id, "
-                       f"{TINY_VERIFIER} or one of {', '.join(PACKAGED)}")
-    return name_or_path
+                        f"{TINY_VERIFIER} or one of {', '.join(PACKAGED)}")
+
+
+def _refuse_escaping_index(path: Path) -> None:
+    """A sharded checkpoint's index names the files to open: each must lie inside the model directory (an entry such as
+    `../../etc/passwd` would have a loader open a file the directory does not hold)."""
+    for index in sorted(path.glob("*.index.json")):
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError, AttributeError) as err:
+            raise TapsError(f"verifier index {index} is not a JSON object with a weight_map ({first_line(err)}); re-download or re-save the model") from err
+        if not isinstance(weight_map, dict):
+            raise TapsError(f"verifier index {index}: weight_map is not an object; re-download or re-save the model")
+        for tensor, file in weight_map.items():  # by name: shards may be symlinks (the hub cache's point into blobs/)
+            if not isinstance(file, str) or Path(file).is_absolute() or ".." in Path(file).parts or not file.strip():
+                raise TapsError(f"verifier index {index}: tensor {tensor!r} points at {file!r}, outside the model directory; "
+                                "a sharded checkpoint's files lie in its own directory: re-download or re-save the model")
 
 
 def _refuse_custom_code(path: Path) -> None:
@@ -178,10 +209,20 @@ def read_config(path: str, revision: str | None = None, trust_remote_code: bool 
     is_causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
         trust_remote_code and "AutoModelForCausalLM" in getattr(config, "auto_map", {})
     )
+    # a model type with a causal-LM class (BERT has BertLMHeadModel) saved as another head (BertModel) is not one
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(_is_causal_lm_class(name) for name in architectures):
+        raise TapsError(f"verifier {path} is a {', '.join(map(str, architectures))}, not a causal LM (its config's architectures); "
+                        "pass a decoder-only LM with its LM head (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")
     if not is_causal:
         raise TapsError(f"verifier {path} is a '{config.model_type}' model without a causal-LM head; pass a decoder-only LM (e.g. meta-llama/Meta-Llama-3-8B-Instruct)")
     _require_drafter_sizes(path, config, raw)
     return config
+
+
+def _is_causal_lm_class(name: object) -> bool:
+    return isinstance(name, str) and (name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+                                      or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def _require_drafter_sizes(path: str, config: PretrainedConfig, raw: dict) -> None:

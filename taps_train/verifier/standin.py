@@ -13,6 +13,7 @@ never produced. Token ids in config.json come from that tokenizer, not from Llam
 """
 
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -130,7 +131,19 @@ def _spec(layers: int, hidden: int, heads: int, kv_heads: int, dtype: str, seed:
         raise TapsError(f"stand-in hidden {hidden} must split into {heads} heads of an even size (RoPE rotates pairs); change --hidden or --heads")
     if heads % kv_heads:
         raise TapsError(f"stand-in heads {heads} must be a multiple of kv_heads {kv_heads} (GQA); change --heads or --kv_heads")
-    return StandinSpec(layers, hidden, heads, kv_heads, round(3.5 * hidden), dtype, seed)
+    spec = StandinSpec(layers, hidden, heads, kv_heads, round(3.5 * hidden), dtype, seed)
+    _check_memory(spec)
+    return spec
+
+
+def _check_memory(spec: StandinSpec) -> None:
+    """Refuse, before allocating, a model this machine cannot hold: it is built in float32 (4 bytes a parameter)."""
+    kv = spec.hidden // spec.heads * spec.kv_heads
+    parameters = 2 * spec.vocab_size * spec.hidden + spec.layers * (2 * spec.hidden * (spec.hidden + kv) + 3 * spec.hidden * spec.intermediate)
+    needed, available = 4 * parameters, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if needed > available // 2:
+        raise TapsError(f"a stand-in of {spec.layers} layers x hidden {spec.hidden} has {parameters / 1e9:.1f}B parameters and needs about "
+                        f"{needed / 2**30:.0f} GiB to build, over half of this machine's {available / 2**30:.0f} GiB; lower --hidden or --layers")
 
 
 def _reusable(out: Path, spec: StandinSpec) -> bool:

@@ -1,0 +1,65 @@
+"""The rules for evaluation settings, one place for every command that takes them.
+
+`taps-train eval` checks its options with these before loading anything, and a study checks the settings its
+evaluation cells will pass to `eval` with the same functions during `--dry-run`, so a plan it approves does not
+fail hours later at its first evaluation. Each rule returns the problem as text (None when the value is fine);
+callers name the option (`--depth`) or the study key (`tree.depth`).
+"""
+
+import math
+
+from taps_train.data.recipe import load_recipe
+from taps_train.errors import TapsError
+from taps_train.ranges import int_problem
+from taps_train.eval.benchmarks import parse_benchmark
+from taps_train.verifier.loading import check_verifier_reference
+
+
+def tree_problems(total_tokens: object, depth: object, top_k: object) -> dict[str, str]:
+    """By field: the tree options of `eval` (total tokens include the root; EAGLE-2 depth)."""
+    problems = {}
+    for field, value, minimum, what in (("total_tokens", total_tokens, 2, "the root and at least one draft token"),
+                                        ("depth", depth, 1, "at least 1"), ("top_k", top_k, 1, "at least 1")):
+        problem = int_problem(value, minimum, what)
+        if problem:
+            problems[field] = problem
+    if not problems and depth > total_tokens - 1:
+        problems["depth"] = f"{depth} is out of range: need 1 <= depth <= total tokens - 1 = {total_tokens - 1}"
+    return problems
+
+
+def temperatures_problem(values: object) -> str | None:
+    if not isinstance(values, list | tuple) or not values:
+        return f"{values!r}: need one temperature or more"
+    bad = [t for t in values if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0]
+    if bad:
+        return f"{' '.join(map(str, bad))} out of range: need finite values >= 0 (0 is greedy)"
+    return None
+
+
+def top_p_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and 0 < value <= 1):
+        return f"{value!r} is out of range: need 0 < top-p <= 1 (1 disables nucleus sampling)"
+    return None
+
+
+def benchmark_problem(spec: object) -> str | None:
+    """What `eval` would refuse about a benchmark spec (`name` or `name:path`), without reading the benchmark."""
+    if not isinstance(spec, str):
+        return f"{spec!r} is not a benchmark name"
+    try:
+        benchmark = parse_benchmark(spec)
+        if spec.partition(":")[2] and type(benchmark).path_arg == "recipe":  # a held-out split of another recipe
+            load_recipe(benchmark.recipe)
+    except TapsError as err:
+        return str(err)
+    return None
+
+
+def verifier_problem(verifier: object) -> str | None:
+    """What loading the verifier would refuse first, without building or converting it."""
+    try:
+        check_verifier_reference(verifier)
+    except TapsError as err:
+        return str(err)
+    return None
