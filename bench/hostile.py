@@ -1048,6 +1048,8 @@ VERIFIER_DIRS = {
     "template_reaches_python": _template("{{ messages.__class__.__mro__[1].__subclasses__() }}"),
     "template_undefined_filter": _template("{{ messages | shell }}"),
     "template_returns_nothing": _template(""),
+    "template_loops_for_ever": _template("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"),
+    "template_huge_range": _template("{% for i in range(10**12) %}x{% endfor %}"),
 }
 for label, change in VERIFIER_DIRS.items():
     expect = "either" if label == "template_returns_nothing" else "error"

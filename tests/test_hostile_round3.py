@@ -240,8 +240,10 @@ def test_a_sharded_index_leaving_the_directory_is_refused(random_verifier_dir, t
     ("{% for m in messages %}{{ m.content ", r"failed \(TemplateSyntaxError"),
     ("{{ raise_exception('no system role') }}", r"failed \(TemplateError"),
     ("{{ messages.__class__.__mro__ }}", r"failed \(SecurityError"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", r"failed \(TemplateTimeout: it ran for more than"),
 ])
-def test_chat_templates_that_fail_are_one_line(random_verifier_dir, template, problem):
+def test_chat_templates_that_fail_are_one_line(random_verifier_dir, monkeypatch, template, problem):
+    monkeypatch.setattr("taps_train.data.chat_format.TEMPLATE_SECONDS", 1)
     tokenizer = AutoTokenizer.from_pretrained(random_verifier_dir)
     tokenizer.chat_template = template
     with pytest.raises(TapsError, match=problem):

@@ -9,7 +9,10 @@ model, since decoding stops at the end-of-turn token, so it is not trained on.
 Token offsets then map spans to tokens. This works unchanged for the tiny verifier and real models.
 """
 
+import signal
+import threading
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
@@ -136,6 +139,33 @@ def _longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
     return _LONGEST_TOKEN[tokenizer]
 
 
+TEMPLATE_SECONDS = 10  # a chat template renders a conversation in milliseconds; nested loops over huge ranges do not end
+
+
+class TemplateTimeout(Exception):
+    def __str__(self) -> str:
+        return f"it ran for more than {TEMPLATE_SECONDS} s"
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Interrupt the block after `seconds` (main thread only: signals reach no other; elsewhere the block runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TemplateTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    remaining, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, remaining, interval)  # an outer timer (e.g. a caller's own limit) resumes
+        signal.signal(signal.SIGALRM, previous)
+
+
 def check_text(text: str, what: str) -> None:
     """Text a tokenizer can take: a lone surrogate (from a mis-decoded file or argument) cannot be encoded."""
     try:
@@ -155,7 +185,8 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
         raise TapsError(f"{where} has no chat template, which taps-train formats conversations with; use an instruction-tuned "
                         "model's directory, or add chat_template to its tokenizer_config.json")
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        with _time_limit(TEMPLATE_SECONDS):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as err:  # a template is a program of the model's author: jinja's TemplateError, SecurityError, anything it raises
         raise TapsError(f"the chat template of {where} failed ({type(err).__name__}: {first_line(err)}); fix its chat template "
                         "(tokenizer_config.json or chat_template.jinja)") from None
