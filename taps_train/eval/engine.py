@@ -147,7 +147,7 @@ def _greedy_ties(options: argparse.Namespace, records: list[dict], prompts: list
         if ours == plain:
             continue
         at = next((i for i, (a, b) in enumerate(zip(ours, plain)) if a != b), min(len(ours), len(plain)))
-        model = model or load_verifier(options.verifier, "cpu", VLLM_DTYPES[options.verifier_dtype]).model
+        model = model or load_verifier(options.verifier, options.device, VLLM_DTYPES[options.verifier_dtype]).model
         gap, tolerance = top_two_gap(model, prompt + plain[:at])
         if gap <= tolerance:
             ties += 1
