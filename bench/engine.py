@@ -25,6 +25,7 @@ from taps_train.engine.agreement import Agreement, compare, taps_chains, vllm_ch
 from taps_train.engine.controls import CONTROLS
 from taps_train.engine.serve import VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.eval.benchmarks import load_benchmark
+from taps_train.eval.engine import worker_speeds
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.export import export_eagle
 from taps_train.verifier.fingerprint import verifier_fingerprint
@@ -107,7 +108,7 @@ def main() -> None:
         for backbone in drafters:
             served = served_draft(exported(backbone, "vllm"), k)
             result = run_worker(options.engine_python, VllmRequest(**common, draft=served), f"{backbone}_timing", work / "logs")
-            timings.append({"backbone": backbone, "threads": result["threads"], **_speeds(result["prompts"])})
+            timings.append({"backbone": backbone, "threads": result["threads"], **worker_speeds(result["prompts"]).report_fields(baseline=True)})
             print(f"{backbone} timing: {timings[-1]}")
     if not options.agreement and (out / "vllm_cpu.json").exists():
         kept = json.loads((out / "vllm_cpu.json").read_text())
@@ -118,15 +119,6 @@ def main() -> None:
     (out / "vllm_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "vllm_cpu.md").write_text(markdown(report))
     print(markdown(report))
-
-
-def _speeds(prompts: list[dict]) -> dict:
-    tokens = sum(len(p["tokens"]) for p in prompts)
-    seconds = sum(p["seconds"] for p in prompts)
-    baseline_tokens = sum(len(p["baseline_tokens"]) for p in prompts)
-    baseline_seconds = sum(p["baseline_seconds"] for p in prompts)
-    return {"tokens_per_s": tokens / seconds, "baseline_tokens_per_s": baseline_tokens / baseline_seconds,
-            "speedup": (tokens / seconds) / (baseline_tokens / baseline_seconds)}
 
 
 def markdown(report: dict) -> str:

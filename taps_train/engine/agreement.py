@@ -16,8 +16,6 @@ base or norm changes the draft's probabilities at every step.
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from taps_train.eval.intervals import PromptCounts, paired_difference_interval
 from taps_train.spec.decoder import SpeculativeDecoder, single
 from taps_train.spec.tree import DraftTree, TreeConfig
@@ -197,5 +195,5 @@ def _counters_explain(spec: dict, trace: ChainTrace, k: int) -> bool:
 
 
 def _tau(counts: PromptCounts) -> float:
-    new, calls = (np.asarray(v, dtype=np.float64) for v in (counts.new_tokens, counts.verify_calls))
-    return float(new.sum() / calls.sum()) if calls.sum() else 0.0
+    calls = sum(counts.verify_calls)
+    return sum(counts.new_tokens) / calls if calls else 0.0

@@ -30,7 +30,6 @@ class ServedDraft:
     """An export directory as vLLM serves it: `method` and chain length; `alone` serves a speculators export as
     the model itself (`LLM(model=DIR)`, the verifier found from its config) instead of as a speculative config."""
 
-    name: str
     model: str
     method: str
     num_speculative_tokens: int
@@ -74,7 +73,7 @@ def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: boo
                         f"(SGLang's layout); export it with --format vllm{' or speculators' if family == 'eagle3' else ''}")
     if alone and layout != "speculators":
         raise TapsError(f"{export_dir}: only a speculators export is served alone (its config names the verifier)")
-    return ServedDraft(export_dir.name, str(export_dir.resolve()), METHODS[layout, family], num_speculative_tokens, alone)
+    return ServedDraft(str(export_dir.resolve()), METHODS[layout, family], num_speculative_tokens, alone)
 
 
 def vllm_version(python: str) -> str:

@@ -22,7 +22,7 @@ from taps_train.engine.serve import ServedDraft, VllmRequest, load_problems, run
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.eval.intervals import PromptCounts, PromptSpeeds, speedup_interval, tau_interval
+from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
 from taps_train.export import export_eagle
 from taps_train.spec.baseline import top_two_gap
@@ -55,6 +55,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
     eos = _stop_tokens(files)
     served = _served(options)
     k = options.speculative_tokens
+    chain = chain_config(k)
     ids = {name: [first_turn_ids(files.tokenizer, prompt) for prompt in prompts] for name, prompts in benchmarks.items()}
     flat = [prompt for prompts in ids.values() for prompt in prompts]
     print(f"vLLM {version}: serving {served.model} (method {served.method}, chains of {k}) on {len(flat)} opening turns")
@@ -78,7 +79,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
             results[name] = benchmark_result(records, k, seconds * len(prompts) / len(flat), ties)
         reports[temperature] = EvalReport(
             verifier=options.verifier, drafters=tuple(options.drafters), strategy="single", temperature=temperature,
-            tree=TreeShape(*_chain_shape(k)), benchmarks=results,
+            tree=TreeShape(chain.total_tokens, chain.depth, chain.top_k), benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             engine={"name": "vllm", **result["versions"], "threads": result["threads"], "method": served.method,
                     "speculative_tokens": k, "export": served.model, "served_alone": served.alone, "turns": "first",
@@ -108,23 +109,13 @@ def _served(options: argparse.Namespace) -> ServedDraft:
     return served_draft(directory, options.speculative_tokens)
 
 
-def _chain_shape(k: int) -> tuple[int, int, int]:
-    tree = chain_config(k)
-    return tree.total_tokens, tree.depth, tree.top_k
-
-
 def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_ties: int | None) -> BenchmarkResult:
     """A benchmark's report entry from the worker's per-prompt records (with the plain decoding of each prompt)."""
     steps = [r["spec"]["drafts"] for r in records]
     emitted = [r["spec"]["accepted_tokens"] + r["spec"]["drafts"] for r in records]
     by_position = [sum(r["spec"]["accepted_per_position"][i] for r in records if i < len(r["spec"]["accepted_per_position"])) for i in range(k)]
     reached = [sum(steps)] + by_position[:-1]
-    speeds = PromptSpeeds([len(r["tokens"]) for r in records], [r["seconds"] for r in records])
-    speed = {"tokens_per_s": sum(speeds.tokens) / sum(speeds.seconds)}
-    if all("baseline_tokens" in r for r in records):
-        speeds.baseline_tokens, speeds.baseline_seconds = [len(r["baseline_tokens"]) for r in records], [r["baseline_seconds"] for r in records]
-        speed["baseline_tokens_per_s"] = sum(speeds.baseline_tokens) / sum(speeds.baseline_seconds)
-        speed.update(speedup=speed["tokens_per_s"] / speed["baseline_tokens_per_s"], speedup_ci95=speedup_interval(speeds))
+    speed = worker_speeds(records)
     return BenchmarkResult(
         acceptance_length=sum(emitted) / sum(steps) if sum(steps) else 0.0,
         verify_calls=sum(steps), new_tokens=sum(emitted), prompts=len(records), prompts_skipped_too_long=0,
@@ -133,8 +124,16 @@ def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_tie
         prompt_new_tokens=tuple(emitted), prompt_verify_calls=tuple(steps),
         tau_ci95=tau_interval(PromptCounts(emitted, steps)) if sum(steps) else None,
         identical_to_greedy=None if greedy_ties is None else all(r["tokens"] == r["baseline_tokens"] for r in records),
-        greedy_ties=greedy_ties, **speed,
+        greedy_ties=greedy_ties, **speed.report_fields(baseline=bool(speed.baseline_tokens)),
     )
+
+
+def worker_speeds(records: list[dict]) -> PromptSpeeds:
+    """Tokens and seconds per prompt from a worker's records, with the plain decoding's when it ran one."""
+    speeds = PromptSpeeds([len(r["tokens"]) for r in records], [r["seconds"] for r in records])
+    if all("baseline_tokens" in r for r in records):
+        speeds.baseline_tokens, speeds.baseline_seconds = [len(r["baseline_tokens"]) for r in records], [r["baseline_seconds"] for r in records]
+    return speeds
 
 
 def _greedy_ties(options: argparse.Namespace, records: list[dict], prompts: list[list[int]], benchmark: str) -> int:

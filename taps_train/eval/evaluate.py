@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from taps_train.data.chat_format import render_chat
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
-from taps_train.eval.intervals import PromptCounts, PromptSpeeds, speedup_interval, tau_interval
+from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
 from taps_train.spec.baseline import plain_generate, top_two_gap
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
@@ -109,20 +109,11 @@ class BenchmarkTally:
 
     def _speed_fields(self) -> dict:
         """Tokens/s of speculative decoding, and with a baseline its plain decoding's and the speedup with its interval."""
-        speed = self.speed
-        fields = {"tokens_per_s": _rate(speed.tokens, speed.seconds)}
-        if self.baseline:
-            fields["baseline_tokens_per_s"] = _rate(speed.baseline_tokens, speed.baseline_seconds)
-            fields["speedup"] = fields["tokens_per_s"] / fields["baseline_tokens_per_s"] if fields["baseline_tokens_per_s"] else 0.0
-            fields["speedup_ci95"] = speedup_interval(speed)
+        fields = self.speed.report_fields(self.baseline)
         if self.greedy_compared:
             fields["identical_to_greedy"] = self.greedy_ties == 0
             fields["greedy_ties"] = self.greedy_ties
         return fields
-
-
-def _rate(tokens: list[int], seconds: list[float]) -> float:
-    return sum(tokens) / sum(seconds) if sum(seconds) > 0 else 0.0
 
 
 def _mean(values: list[float]) -> float | None:

@@ -40,6 +40,19 @@ class PromptSpeeds:
     def arrays(self) -> tuple[np.ndarray, ...]:
         return tuple(np.asarray(values, dtype=np.float64) for values in (self.tokens, self.seconds, self.baseline_tokens, self.baseline_seconds))
 
+    def report_fields(self, baseline: bool) -> dict:
+        """The eval report's speed fields: tokens/s and, with a baseline, its tokens/s and the speedup with its interval."""
+        fields = {"tokens_per_s": _rate(self.tokens, self.seconds)}
+        if baseline:
+            fields["baseline_tokens_per_s"] = _rate(self.baseline_tokens, self.baseline_seconds)
+            fields["speedup"] = fields["tokens_per_s"] / fields["baseline_tokens_per_s"] if fields["baseline_tokens_per_s"] else 0.0
+            fields["speedup_ci95"] = speedup_interval(self)
+        return fields
+
+
+def _rate(tokens: list[int], seconds: list[float]) -> float:
+    return sum(tokens) / sum(seconds) if sum(seconds) > 0 else 0.0
+
 
 def speedup_interval(speeds: PromptSpeeds, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of (Σ tokens / Σ seconds) / (Σ baseline tokens / Σ baseline seconds), resampling
