@@ -281,6 +281,7 @@ def run_export_command(args: list[str]) -> None:
         tau_table_from_reports,
     )
     from taps_train.spec.tree import TreeConfig
+    from taps_train.eval.settings import calibrated_tree
     from taps_train.verifier.loading import DTYPES
 
     parser = argparse.ArgumentParser(
@@ -320,29 +321,12 @@ def run_export_command(args: list[str]) -> None:
         print(export_eagle(options.checkpoints[0], options.out, **common))
         return
     if options.tree == "auto":
-        tree = calibrated_tree(options.eval_report, [f"--{name.replace('_', '-')}" for name, value in tree_options.items() if value is not None])
+        explicit = [f"--{name.replace('_', '-')}" for name, value in tree_options.items() if value is not None]
+        tree = calibrated_tree(options.eval_report, "--tree auto (with --eval-report)", explicit)
     else:
         tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
     print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,
                         domains=options.domains, **common))
-
-
-def calibrated_tree(reports: list[str] | None, explicit: list[str]):
-    """The tree that `taps-train eval --tree auto` chose, from the reports that measured one (they must agree)."""
-    from taps_train.eval.report import read_report
-    from taps_train.spec.tree import TreeConfig
-
-    if explicit:
-        raise TapsError(f"--tree auto takes the tree from --eval-report; drop {', '.join(explicit)}")
-    calibrated = {path: read_report(path) for path in reports or []}
-    calibrated = {path: report for path, report in calibrated.items() if report.tree_calibration is not None}
-    if not calibrated:
-        raise TapsError("--tree auto needs --eval-report with a report of `taps-train eval --tree auto` (none given has a tree_calibration)")
-    trees = {(r.tree.total_tokens, r.tree.depth, r.tree.top_k) for r in calibrated.values()}
-    if len(trees) > 1:
-        raise TapsError(f"--tree auto: the calibrated reports chose different trees ({', '.join(f'{p}: {r.tree}' for p, r in calibrated.items())}); "
-                        "pass one of them, or --total-tokens/--depth/--top-k")
-    return TreeConfig(*trees.pop())
 
 
 def run_report_command(args: list[str]) -> None:
@@ -365,7 +349,7 @@ def run_study_command(args: list[str]) -> None:
     from taps_train.study import Study, run_study
     from taps_train.study.config import check_study_file
     from taps_train.study.findings import write_findings
-    from taps_train.study.plan import eval_dir
+    from taps_train.study.plan import eval_dir, report_dir
 
     parser = ArgumentParser(prog="taps-train study", description=TOOL_COMMANDS["study"] + ". Any key of the YAML can be overridden, "
                             "e.g. --max_steps 100.", exit_on_error=False)
@@ -387,9 +371,11 @@ def run_study_command(args: list[str]) -> None:
     run_study(study, dry_run=options.dry_run)
     if options.dry_run:
         return
-    written = write_report([eval_dir(study) / backbone for backbone in study.backbones], study.out_dir / "report")
-    write_findings(study, study.out_dir / "report" / "report.md")
-    print(f"wrote {len(written)} files to {study.out_dir / 'report'} (report.md: τ with intervals, figures, the paper's orderings)")
+    for tree in study.trees:
+        written = write_report([eval_dir(study, tree) / backbone for backbone in study.backbones], report_dir(study, tree))
+        write_findings(study, report_dir(study, tree) / "report.md", tree)
+        print(f"wrote {len(written)} files to {report_dir(study, tree)} ({tree} tree; report.md: τ and speedup with intervals, figures, "
+              "the paper's orderings)")
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool,

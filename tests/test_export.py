@@ -332,8 +332,8 @@ def test_bundle_tree_auto_takes_the_tree_eval_chose(verifier, fingerprint, tmp_p
     main(["export", a, b, "--out", str(tmp_path / "bundle"), "--no-embeddings", "--tree", "auto", "--eval-report", fixed, auto])
     assert json.loads((tmp_path / "bundle" / "bundle.json").read_text())["tree"] == {"total_tokens": 6, "depth": 2, "top_k": 2}
     other = report("other.json", {"total_tokens": 8, "depth": 3, "top_k": 1}, True)
-    for extra, message in (([], "needs --eval-report with a report of `taps-train eval --tree auto`"),
-                           (["--eval-report", fixed], "needs --eval-report with a report of `taps-train eval --tree auto`"),
+    for extra, message in (([], "needs a report of `taps-train eval --tree auto`"),
+                           (["--eval-report", fixed], "needs a report of `taps-train eval --tree auto`"),
                            (["--eval-report", auto, "--depth", "3"], "drop --depth"),
                            (["--eval-report", auto, other], "chose different trees")):
         with pytest.raises(SystemExit) as exit_info:

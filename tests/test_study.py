@@ -17,6 +17,7 @@ import yaml
 from taps_train.cli import main
 from taps_train.errors import TapsError
 from taps_train.study import Domain, Study, Tree, run_study
+from taps_train.study.plan import plan
 from taps_train.study.run import unfinished
 
 FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
@@ -61,7 +62,7 @@ def study(tmp_path, random_verifier_dir, monkeypatch) -> Study:
 
 def study_yaml(study: Study, path: Path) -> Path:
     data = {key: getattr(study, key) for key in ("name", "verifier", "backbones", "max_steps", "strategies", "temperatures", "prompts",
-                                                 "max_new_tokens", "lambdas", "out_root")}
+                                                 "max_new_tokens", "lambdas", "out_root", "trees")}
     data["domains"] = {name: {"recipe": d.recipe, "benchmarks": d.benchmarks} for name, d in study.domains.items()}
     data["tree"] = {"total_tokens": study.tree.total_tokens, "depth": study.tree.depth, "top_k": study.tree.top_k}
     path.write_text(yaml.safe_dump(data))
@@ -83,6 +84,7 @@ def cell_processes(study: Study) -> list[str]:
 
 @pytest.mark.integration  # seven `taps-train` processes: ~1-2 minutes on 2 cores
 def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, tmp_path):
+    study.trees = ["fixed", "auto"]
     config = study_yaml(study, tmp_path / "study.yaml")
     command = [sys.executable, "-m", "taps_train", "study", "--config", str(config)]
     first_fit = study.out_dir / "cells" / "fit_eagle2_a.json"
@@ -113,12 +115,50 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
     assert "| RQ1 | eagle2 | 0 | a > b | gsm8k |" in report and "| RQ3 | eagle2 | 0 | merge > route-confidence | average |" in report
     evals = sorted(p.stem for p in (study.out_dir / "eval" / "eagle2").glob("*.json"))
     assert evals == ["a", "average_lambda0.5", "b", "merge", "route-confidence"]
+    calibrated = json.loads((study.out_dir / "eval_auto" / "eagle2" / "a.json").read_text())
+    assert calibrated["tree_calibration"] is not None
+    for name in ("b", "merge", "route-confidence"):  # every variant at the one tree the calibration chose
+        assert json.loads((study.out_dir / "eval_auto" / "eagle2" / f"{name}.json").read_text())["tree"] == calibrated["tree"]
+    auto_report = (study.out_dir / "report" / "auto_tree" / "report.md").read_text()
+    assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"tree {calibrated['tree']['total_tokens']} tokens" in auto_report
 
     # A changed recipe reruns its fit and every evaluation reading that drafter, nothing else.
     Path(study.domains["b"].recipe).write_text(Path(study.domains["b"].recipe).read_text().replace("count: 16", "count: 12"))
     _, todo = unfinished(study)
     assert [cell.key for cell in todo] == ["fit_eagle2_b", "eval_eagle2_b", "eval_eagle2_route-confidence", "eval_eagle2_merge",
-                                           "eval_eagle2_average_lambda0.5"]
+                                           "eval_eagle2_average_lambda0.5", "eval_eagle2_b@auto", "eval_eagle2_route-confidence@auto",
+                                           "eval_eagle2_merge@auto"]  # the calibration (a's drafter) stands
+
+
+def test_the_machine_tree_is_calibrated_once_per_backbone_on_the_mixture_and_read_by_every_other_variant(study, tmp_path):
+    study.trees = ["fixed", "auto"]
+    study.mixtures = {"m": recipe(tmp_path / "m.yaml", 5)}
+    evals = [cell for cell in plan(study) if cell.kind == "eval"]
+    fixed, auto = [c for c in evals if c.tree == "fixed"], [c for c in evals if c.tree == "auto"]
+    assert [c.label for c in fixed] == ["a", "b", "m", "route-confidence", "merge", "average_lambda0.5"]
+    assert [c.label for c in auto] == ["m", "a", "b", "route-confidence", "merge"]  # no λ sweep: τ alone, at the fixed tree
+    calibration = auto[0]
+    assert calibration.key == "eval_eagle2_m@auto" and "--tree" in calibration.args and "--tree-from" not in calibration.args
+    assert calibration.args[calibration.args.index("--tree") + 1] == "auto" and calibration.needs == ["fit_eagle2_m"]
+    for cell in auto[1:]:
+        assert cell.args[cell.args.index("--tree-from") + 1] == str(calibration.outputs[0]) and "--total-tokens" not in cell.args
+        assert calibration.key in cell.needs and cell.outputs[0].parent == study.out_dir / "eval_auto" / "eagle2"
+    assert all("--tree" not in c.args and "--tree-from" not in c.args for c in fixed)
+    assert len({c.key for c in evals}) == len({c.log for c in evals}) == len(evals)
+
+
+def test_dry_run_estimates_from_the_verifiers_prior_rates_then_from_the_studys_own_cells(study, capsys, monkeypatch):
+    from taps_train.study import run
+
+    run_study(study, dry_run=True)
+    assert "estimated time unknown" in capsys.readouterr().err
+    monkeypatch.setitem(run.PRIOR_RATES, study.verifier, run.Rates({"Eagle2Module": 10.0}, {"fixed": 64.0, "auto": 1.0}, {"fit": 5.0, "eval": 1.0}))
+    run_study(study, dry_run=True)  # 2 fits x (2 steps x 10 s + 5 s) + 5 evals x (2 prompts x 2 benchmarks x 6 s + 1 s) = 50 + 125 s
+    assert "estimated time 2m55s" in capsys.readouterr().err
+    (study.out_dir / "cells").mkdir(parents=True)  # a fit recorded at 50 s per step (its checkpoint gone: to do again)
+    (study.out_dir / "cells" / "fit_eagle2_a.json").write_text(json.dumps({"fingerprint": plan(study)[0].fingerprint, "seconds": 100.0, "steps": 2}))
+    run_study(study, dry_run=True)
+    assert "0 cells done, 7 to do; estimated time 5m25s" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
@@ -135,11 +175,14 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"strategies": ["merge", "vote"]}, r"\['vote'\] are not composition strategies"),
     ({"lambdas": [1.5]}, r"every λ lies in \[0, 1\]"),
     ({"max_steps": 0}, r"max_steps: 0 is out of range: need at least 1 step"),
-    ({"temperatures": []}, "temperatures: \[\]: need one temperature or more"),
+    ({"temperatures": []}, r"temperatures: \[\]: need one temperature or more"),
     ({"temperatures": [float("nan")]}, "temperatures: nan out of range"),
     ({"tree": Tree(total_tokens=0)}, "tree.total_tokens: 0 is out of range"),
     ({"tree": Tree(depth=-1)}, "tree.depth: -1 is out of range"),
     ({"seed": -1}, "seed: -1 is out of range"),
+    ({"trees": []}, r"trees: \[\]: name each of \['fixed', 'auto'\] at most once"),
+    ({"trees": ["auto", "auto"]}, "trees: .* at most once"),
+    ({"trees": ["paper"]}, "trees: .* at most once"),
     ({"verifier": "/nowhere/model"}, "verifier: verifier path /nowhere/model does not exist"),
     ({"domains": {"a": Domain("a.yaml", ["math_heldout:/etc/hosts"]), "b": Domain("b.yaml", ["mt_bench"])}}, "recipe /etc/hosts must be a mapping"),
     ({"mixtures": {"a": "x.yaml"}}, "share a name"),

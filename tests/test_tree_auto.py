@@ -91,3 +91,15 @@ def test_eval_with_tree_auto_decodes_with_the_chosen_tree_and_records_the_curve(
     assert "1" in report["tree_calibration"]["call_ms_by_tokens"] and report["benchmarks"]["gsm8k"]["identical_to_greedy"] is True
     assert read_report(output).tree.total_tokens == choice["total_tokens"]
     assert "--tree auto: total tokens" in capsys.readouterr().out
+    merged = tmp_path / "merged.json"
+    main(["eval", "--drafters", str(checkpoint), str(checkpoint), "--strategy", "merge", "--verifier", str(random_verifier_dir),
+          "--benchmarks", f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}", "--prompts", "1", "--max-new-tokens", "8", "--no-baseline",
+          "--tree-from", str(output), "--output", str(merged)])
+    assert json.loads(merged.read_text())["tree"] == report["tree"]  # a composition evaluated with the calibrated tree
+    for extra, message in ((["--tree-from", str(merged)], "--tree-from needs a report of `taps-train eval --tree auto`"),
+                           (["--tree-from", str(output), "--depth", "2"], "--tree-from takes the tree from a calibrated report; drop --depth"),
+                           (["--tree-from", str(output), "--tree", "auto"], "pass one of them"),
+                           (["--tree-from", str(tmp_path / "none.json")], "cannot read eval report")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "--drafters", str(checkpoint), "--verifier", str(random_verifier_dir), "--output", str(tmp_path / "x.json"), *extra])
+        assert exit_info.value.code == 1 and message in capsys.readouterr().err

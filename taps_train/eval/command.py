@@ -3,6 +3,7 @@ one JSON report per temperature (design.md, "Eval report"), and a τ table on st
 
 import argparse
 import sys
+from dataclasses import astuple
 from pathlib import Path
 
 from rich.console import Console
@@ -19,7 +20,7 @@ from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.engine import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
 from taps_train.eval.report import EvalReport, TreeShape, tau_cell
-from taps_train.eval.settings import benchmark_problem, temperatures_problem, top_p_problem, tree_problems
+from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem, tree_problems
 from taps_train.ranges import int_problem
 from taps_train.paths import output_file
 from taps_train.spec.calibrate import TreeCalibration, calibrate_tree
@@ -55,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
                    help="fixed: the tree --total-tokens/--depth/--top-k; auto: the shape of most tokens/s measured on this machine, "
                         "those three options bounding the search (one drafter only)")
+    p.add_argument("--tree-from", default=None, metavar="REPORT",
+                   help="the tree an eval report of --tree auto chose (calibrate a machine once, evaluate every variant with its tree; "
+                        "any strategy)")
     p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
     p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
     p.add_argument("--top-k", type=int, default=10)
@@ -73,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
 
 def run_eval(args: list[str]) -> None:
     options = parser().parse_args(args)
+    if options.tree_from is not None:
+        if options.tree == "auto":
+            raise TapsError("--tree auto calibrates a tree; --tree-from reads one a calibration chose: pass one of them")
+        explicit = [flag for flag in ("--total-tokens", "--depth", "--top-k") if any(a == flag or a.startswith(f"{flag}=") for a in args)]
+        options.total_tokens, options.depth, options.top_k = astuple(calibrated_tree([options.tree_from], "--tree-from", explicit))
     if (options.strategy == "single") != (len(options.drafters) == 1):
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     check_options(options)
@@ -178,7 +187,7 @@ def check_options(options: argparse.Namespace) -> None:
             raise TapsError(f"{option} {problem}")
     if options.tree == "auto" and options.strategy not in ("single", "average"):
         raise TapsError(f"--tree auto calibrates one drafter's trees; strategy '{options.strategy}' combines several per round. "
-                        "Pass --tree fixed with --total-tokens/--depth/--top-k, or calibrate each drafter alone")
+                        "Calibrate one drafter with --tree auto and pass its report to --tree-from, or give --total-tokens/--depth/--top-k")
     if options.calibration_prompts < 1:
         raise refuse("--calibration-prompts", options.calibration_prompts, "at least 1")
     if options.weights is not None:

@@ -37,8 +37,8 @@ def check_engine_options(options: argparse.Namespace) -> None:
     if options.strategy != "single":
         raise TapsError(f"--engine vllm serves one drafter; strategy '{options.strategy}' combines several (vLLM has no such strategy). "
                         "Evaluate compositions with taps-train's own engine (--engine taps)")
-    if options.tree == "auto":
-        raise TapsError("--engine vllm drafts greedy chains of --speculative-tokens tokens; --tree auto chooses taps-train's trees")
+    if options.tree == "auto" or options.tree_from is not None:
+        raise TapsError("--engine vllm drafts greedy chains of --speculative-tokens tokens; --tree auto and --tree-from choose taps-train's trees")
     if options.speculative_tokens < 1:
         raise TapsError(f"--speculative-tokens {options.speculative_tokens} is out of range: need at least 1")
     if options.verifier_dtype not in VLLM_DTYPES:

@@ -12,6 +12,8 @@ from taps_train.data.recipe import load_recipe
 from taps_train.errors import TapsError
 from taps_train.ranges import int_problem
 from taps_train.eval.benchmarks import parse_benchmark
+from taps_train.eval.report import read_report
+from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.loading import check_verifier_reference
 
 
@@ -63,3 +65,21 @@ def verifier_problem(verifier: object) -> str | None:
     except TapsError as err:
         return str(err)
     return None
+
+
+def calibrated_tree(reports: list[str] | None, option: str, explicit: list[str]) -> TreeConfig:
+    """The tree `taps-train eval --tree auto` chose, read back from its reports (those given must agree): a machine's
+    shape is calibrated once and reused by later evaluations (`eval --tree-from`) and bundles (`export --tree auto`).
+    `explicit` names tree options the user also gave, which would contradict it."""
+    if explicit:
+        raise TapsError(f"{option} takes the tree from a calibrated report; drop {', '.join(explicit)}")
+    calibrated = {path: read_report(path) for path in reports or []}
+    calibrated = {path: report for path, report in calibrated.items() if report.tree_calibration is not None}
+    if not calibrated:
+        raise TapsError(f"{option} needs a report of `taps-train eval --tree auto` (none given has a tree_calibration); "
+                        "run eval with --tree auto first")
+    trees = {(r.tree.total_tokens, r.tree.depth, r.tree.top_k) for r in calibrated.values()}
+    if len(trees) > 1:
+        raise TapsError(f"{option}: the calibrated reports chose different trees ({', '.join(f'{p}: {r.tree}' for p, r in calibrated.items())}); "
+                        "pass one of them, or --total-tokens/--depth/--top-k")
+    return TreeConfig(*trees.pop())

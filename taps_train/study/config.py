@@ -17,6 +17,9 @@ from taps_train.spec.strategies import STRATEGIES
 from taps_train.user_yaml import read_yaml
 
 
+TREES = ("fixed", "auto")  # `taps-train eval --tree`
+
+
 @dataclass
 class Domain:
     """A domain: the recipe its specialist trains on and the held-out benchmarks that measure it."""
@@ -27,7 +30,7 @@ class Domain:
 
 @dataclass
 class Tree:
-    """The draft tree every evaluation uses (`taps-train eval --total-tokens --depth --top-k`)."""
+    """The fixed draft tree (`taps-train eval --total-tokens --depth --top-k`), also the bound `--tree auto` searches within."""
 
     total_tokens: int = 60
     depth: int = 5
@@ -42,7 +45,10 @@ class Study:
     the specialists are combined (`taps-train eval --strategy`; `average` is uniform). lambdas: weights of the
     first domain's specialist in a two-domain averaging sweep. prompts, max_new_tokens: per benchmark, for
     every evaluation. baseline: every evaluation also decodes its prompts plainly, for the speedup next to τ
-    (about doubles evaluation time)."""
+    (about doubles evaluation time). trees: `fixed` evaluates every variant with `tree` (the paper's, so τ compares
+    with the paper); `auto` evaluates the drafters and strategies again with the tree `eval --tree auto` chooses for
+    this machine within `tree`, calibrated once per backbone on its first mixture's drafter (else the first domain's)
+    so that every variant runs the same shape (the speedup a user of this machine gets; λ sweeps stay fixed-tree)."""
 
     name: str
     domains: dict[str, Domain]
@@ -53,6 +59,7 @@ class Study:
     strategies: list[str] = field(default_factory=lambda: ["average", "route-entropy", "route-confidence", "merge", "merge-budget"])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     tree: Tree = field(default_factory=Tree)
+    trees: list[str] = field(default_factory=lambda: ["fixed"])
     prompts: int = 20
     max_new_tokens: int = 64
     baseline: bool = True
@@ -114,6 +121,8 @@ class Study:
             problems.append(f"lambdas: a λ sweep interpolates two specialists; this study has {len(self.domains)} domains")
         if any(not (isinstance(value, int | float) and 0 <= value <= 1) for value in self.lambdas):
             problems.append(f"lambdas: every λ lies in [0, 1], got {self.lambdas}")
+        if not self.trees or len(set(self.trees)) != len(self.trees) or not set(self.trees) <= set(TREES):
+            problems.append(f"trees: {self.trees}: name each of {list(TREES)} at most once (fixed: `tree`; auto: the machine's choice within it)")
         problems += [f"{key}: {problem}" for key, problem in self._run_problems().items() if problem]
         if problems:
             raise TapsError(f"study {self.name}: " + "; ".join(problems))

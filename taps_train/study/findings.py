@@ -35,11 +35,11 @@ class Claim:
         return "supported" if self.low > 0 else "contradicted" if self.high < 0 else "not resolved"
 
 
-def study_reports(study: Study) -> dict[tuple[str, str, float], EvalReport]:
-    """(backbone, variant label, temperature) -> report, for every report the study's evals wrote."""
+def study_reports(study: Study, tree: str = "fixed") -> dict[tuple[str, str, float], EvalReport]:
+    """(backbone, variant label, temperature) -> report, for every report the study's evals at `tree` wrote."""
     reports = {}
     for backbone in study.backbones:
-        for path in sorted((eval_dir(study) / backbone).glob("*.json")):
+        for path in sorted((eval_dir(study, tree) / backbone).glob("*.json")):
             report = read_report(path)
             label = path.stem.rsplit("_T", 1)[0] if len(study.temperatures) > 1 else path.stem
             reports[backbone, label, report.temperature] = report
@@ -79,7 +79,7 @@ def orderings(study: Study, best_single: str | None) -> list[tuple[str, str, str
     return claimed + [("RQ3", "merge", "route-confidence", everything), ("RQ4", "route-confidence", "route-entropy", everything)]
 
 
-def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> str:
+def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport], tree: str = "fixed") -> str:
     """The study's section of report.md: the claims table and the interval half-widths reached."""
     rows = [f"| {c.question} | {c.backbone} | {c.temperature:g} | {c.better} > {c.worse} | {c.where} | "
             f"{c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}] | {c.verdict} |" for c in claims(study, reports)]
@@ -90,7 +90,7 @@ def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport]) ->
                 widths.setdefault(temperature, []).append((result.tau_ci95[1] - result.tau_ci95[0]) / 2)
     spread = "; ".join(f"T={t:g}: median {np.median(w):.3f}, max {max(w):.3f}" for t, w in sorted(widths.items()))
     return "\n".join([
-        f"## Study {study.name}: the paper's orderings",
+        f"## Study {study.name}: the paper's orderings" + ("" if tree == "fixed" else f" ({tree} tree)"),
         "",
         f"Each claim's Δτ with its 95% paired bootstrap interval ({RESAMPLES} resamples of the prompts, {study.prompts} "
         f"per benchmark). Half-widths of the single-report τ intervals: {spread or 'none (reports without intervals)'}.",
@@ -123,10 +123,10 @@ def _signal_rows(study: Study, reports: dict[tuple[str, str, float], EvalReport]
     return rows
 
 
-def write_findings(study: Study, report_md: Path) -> None:
-    """Append the claims to the report.md `taps-train report` wrote."""
+def write_findings(study: Study, report_md: Path, tree: str = "fixed") -> None:
+    """Append the claims at `tree` to the report.md `taps-train report` wrote."""
     text = report_md.read_text() if report_md.is_file() else ""
-    report_md.write_text(text.rstrip("\n") + "\n\n" + markdown(study, study_reports(study)))
+    report_md.write_text(text.rstrip("\n") + "\n\n" + markdown(study, study_reports(study, tree), tree))
 
 
 def benchmark_name(spec: str) -> str:

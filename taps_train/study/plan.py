@@ -37,6 +37,7 @@ class Cell:
     fit_config: dict | None = None  # written to `config_path` before a fit runs
     steps: int = 0
     decodes: int = 0  # prompts x benchmarks x temperatures an eval decodes
+    tree: str = "fixed"  # an eval's tree: the study's fixed one, or the machine's (`auto`)
 
     @property
     def config_path(self) -> Path:
@@ -44,27 +45,41 @@ class Cell:
 
 
 def plan(study: Study) -> list[Cell]:
-    """Every cell in the order they run: all fits first, then the evaluations that read them."""
+    """Every cell in the order they run: all fits first, then the evaluations that read them, tree by tree."""
     fits = {(backbone, name): _fit_cell(study, backbone, name, recipe)
             for backbone in study.backbones for name, recipe in _training_sets(study).items()}
-    evals = []
-    for backbone in study.backbones:
-        for name in _training_sets(study):
-            evals.append(_eval_cell(study, backbone, name, [fits[backbone, name]], "single"))
-        specialists = [fits[backbone, name] for name in study.domains]
-        for strategy in study.strategies:
-            evals.append(_eval_cell(study, backbone, strategy, specialists, strategy))
-        for weight in study.lambdas:
-            evals.append(_eval_cell(study, backbone, f"average_lambda{weight:g}", specialists, "average", [weight, 1 - weight]))
+    evals = [cell for tree in study.trees for backbone in study.backbones for cell in _evals(study, backbone, tree, fits)]
     return [*fits.values(), *evals]
+
+
+def _evals(study: Study, backbone: str, tree: str, fits: dict[tuple[str, str], Cell]) -> list[Cell]:
+    """A backbone's evaluations at one tree. With `auto` the first is the calibration (`eval --tree auto` of the first
+    mixture's drafter, else the first domain's) and every other reads the shape it chose (`--tree-from`)."""
+    names = list(_training_sets(study))
+    if tree == "auto":
+        names.insert(0, names.pop(len(study.domains) if study.mixtures else 0))
+    calibration = _eval_cell(study, backbone, names[0], [fits[backbone, names[0]]], "single", tree) if tree == "auto" else None
+    cells = [calibration] if calibration else []
+    cells += [_eval_cell(study, backbone, name, [fits[backbone, name]], "single", tree, calibration) for name in names[len(cells):]]
+    specialists = [fits[backbone, name] for name in study.domains]
+    cells += [_eval_cell(study, backbone, strategy, specialists, strategy, tree, calibration) for strategy in study.strategies]
+    if tree == "fixed":
+        cells += [_eval_cell(study, backbone, f"average_lambda{weight:g}", specialists, "average", tree, weights=[weight, 1 - weight])
+                  for weight in study.lambdas]
+    return cells
 
 
 def fit_dir(study: Study, backbone: str, name: str) -> Path:
     return study.out_dir / "fits" / f"{backbone}_{name}"
 
 
-def eval_dir(study: Study) -> Path:
-    return study.out_dir / "eval"
+def eval_dir(study: Study, tree: str = "fixed") -> Path:
+    """Where the evaluations at `tree` (`fixed` or `auto`) write their reports, one folder per backbone."""
+    return study.out_dir / ("eval" if tree == "fixed" else f"eval_{tree}")
+
+
+def report_dir(study: Study, tree: str = "fixed") -> Path:
+    return study.out_dir / "report" if tree == "fixed" else study.out_dir / "report" / f"{tree}_tree"
 
 
 def _training_sets(study: Study) -> dict[str, str]:
@@ -77,7 +92,13 @@ def _fit_cell(study: Study, backbone: str, name: str, recipe: str) -> Cell:
     checkpoint = directory / "last.ckpt"
     fingerprint = _hash({"config": config, "recipe": Path(recipe).read_text()})
     return Cell(key=f"fit_{backbone}_{name}", kind="fit", backbone=backbone, label=name, args=["fit", "--config", str(directory / "config.yaml")],
-                outputs=[checkpoint], fingerprint=fingerprint, log=directory / "fit.log", fit_config=config, steps=study.max_steps or 0)
+                outputs=[checkpoint], fingerprint=fingerprint, log=directory / "fit.log", fit_config=config, steps=_budget(config))
+
+
+def _budget(config: dict) -> int:
+    """The fit's steps when its config bounds them (0 when only epochs do: then its time cannot be estimated)."""
+    steps = config["trainer"].get("max_steps", -1)
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 0
 
 
 def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
@@ -107,22 +128,29 @@ def fit_config(base: dict, study: Study, recipe: str, directory: Path) -> dict:
     return config
 
 
-def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], strategy: str, weights: list[float] | None = None) -> Cell:
-    output = eval_dir(study) / backbone / f"{label}.json"
+def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], strategy: str, tree: str,
+               calibration: Cell | None = None, weights: list[float] | None = None) -> Cell:
+    output = eval_dir(study, tree) / backbone / f"{label}.json"
     options = ["--strategy", strategy, "--verifier", study.verifier, "--benchmarks", *study.benchmarks,
                "--temperatures", *[f"{t:g}" for t in study.temperatures], "--prompts", str(study.prompts),
-               "--max-new-tokens", str(study.max_new_tokens), "--seed", str(study.seed),
-               "--total-tokens", str(study.tree.total_tokens), "--depth", str(study.tree.depth), "--top-k", str(study.tree.top_k)]
+               "--max-new-tokens", str(study.max_new_tokens), "--seed", str(study.seed)]
+    if calibration is None:  # the fixed tree, or the bound the calibration searches
+        options += [*(["--tree", "auto"] if tree == "auto" else []), "--total-tokens", str(study.tree.total_tokens),
+                    "--depth", str(study.tree.depth), "--top-k", str(study.tree.top_k)]
+    else:
+        options += ["--tree-from", str(calibration.outputs[0])]
     if weights is not None:
         options += ["--weights", *[f"{w:g}" for w in weights]]
     if not study.baseline:
         options.append("--no-baseline")
     args = ["eval", "--drafters", *[str(d.outputs[0]) for d in drafters], *options, "--output", str(output)]
     outputs = [report_path(output, t, len(study.temperatures)) for t in study.temperatures]
-    fingerprint = _hash({"options": options, "drafters": [d.fingerprint for d in drafters]})
-    return Cell(key=f"eval_{backbone}_{label}", kind="eval", backbone=backbone, label=label, args=args, outputs=outputs,
-                fingerprint=fingerprint, log=study.out_dir / "logs" / f"eval_{backbone}_{label}.log", needs=[d.key for d in drafters],
-                decodes=study.prompts * len(study.benchmarks) * len(study.temperatures))
+    read = [*drafters, *([calibration] if calibration else [])]
+    fingerprint = _hash({"options": options, "drafters": [d.fingerprint for d in read]})
+    key = f"eval_{backbone}_{label}" + ("" if tree == "fixed" else f"@{tree}")  # @: not in any name, so no key collides
+    return Cell(key=key, kind="eval", backbone=backbone, label=label, args=args, outputs=outputs, fingerprint=fingerprint,
+                log=study.out_dir / "logs" / f"{key}.log", needs=[d.key for d in read],
+                decodes=study.prompts * len(study.benchmarks) * len(study.temperatures), tree=tree)
 
 
 def _hash(content: dict) -> str:

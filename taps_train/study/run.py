@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -27,13 +28,26 @@ from taps_train.paths import writable_directory
 from taps_train.study.config import Study
 from taps_train.study.plan import Cell, plan
 
-# Seconds per training step (4k-token batches) and per decoded prompt (64 new tokens) on the tiny verifier,
-# 2 CPU cores: EAGLE-2 and HASS from the cells of a full tiny_taps run (150-step fits, 60-decode evaluations,
-# start-up subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml; other verifiers get counts
-# only until cells of the study have run.
-TINY_SECONDS_PER_STEP = {"Eagle2Module": 0.2, "HassModule": 1.2, "Eagle3Module": 2.7}
-TINY_SECONDS_PER_DECODE = 1.0
-TINY_SECONDS_PER_PROCESS = {"fit": 45.0, "eval": 10.0}  # start-up, cache checks, a fit's final validation
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Seconds a cell takes on 2 CPU cores, before this study has measured its own: per training step (4k-token
+    batches) by module, per decoded prompt (64 new tokens, with the plain-decoding baseline) by tree, and per process
+    (start-up, cache checks, a fit's final validation)."""
+
+    per_step: dict[str, float]
+    per_decode: dict[str, float]
+    per_process: dict[str, float]
+
+
+# taps-tiny: EAGLE-2 and HASS from the cells of a full tiny_taps run (150-step fits, 60-decode evaluations, start-up
+# subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml. smollm2-135m: the cells of smol_taps
+# (docs/results/smol_taps/). Other verifiers get counts only until cells of the study have run.
+PRIOR_RATES = {
+    "taps-tiny": Rates({"Eagle2Module": 0.2, "HassModule": 1.2, "Eagle3Module": 2.7}, {"fixed": 2.0, "auto": 2.0},
+                       {"fit": 45.0, "eval": 10.0}),
+}
 
 
 def run_study(study: Study, dry_run: bool = False, console: Console | None = None) -> list[Cell]:
@@ -55,7 +69,7 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
             console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} ...")
             seconds = _run_cell(cell, state)
             state.record(cell, seconds)
-            left = _estimate(todo[index + 1:], state, study)
+            left = _estimate(todo[index + 1:], cells, state, study)
             console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
                           f"{_clock(time.monotonic() - began)}, about {_clock(left) if left is not None else '?'} left")
     return todo
@@ -107,18 +121,14 @@ class _State:
                                    "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs]}, indent=2))
         os.replace(tmp, self.path(cell))
 
-    def measured(self, kind: str, backbone: str | None = None) -> float | None:
-        """Seconds per step (fits of `backbone`) or per decode (evals) over the finished cells recorded here."""
+    def measured(self, cells: list[Cell]) -> float | None:
+        """Seconds per step (fits) or per decode (evals) over those of `cells` finished here (seconds include start-up)."""
         seconds = units = 0.0
-        for path in self.directory.glob("*.json"):
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if not path.stem.startswith(f"{kind}_{backbone}_" if backbone else f"{kind}_"):
-                continue
-            seconds += float(record.get("seconds", 0))
-            units += float(record.get("steps" if kind == "fit" else "decodes", 0))
+        for cell in cells:
+            record = self.read(cell)
+            if record and record.get("fingerprint") == cell.fingerprint:
+                seconds += float(record.get("seconds", 0))
+                units += float(record.get("steps" if cell.kind == "fit" else "decodes", 0))
         return seconds / units if units else None
 
 
@@ -213,43 +223,50 @@ def _last_line(log: Path) -> str:
 
 
 def _describe(cell: Cell) -> str:
-    return f"fit {cell.backbone} on {cell.label}" if cell.kind == "fit" else f"eval {cell.backbone} {cell.label}"
+    if cell.kind == "fit":
+        return f"fit {cell.backbone} on {cell.label}"
+    return f"eval {cell.backbone} {cell.label}" + ("" if cell.tree == "fixed" else f" ({cell.tree} tree)")
 
 
-def _estimate(cells: list[Cell], state: _State, study: Study) -> float | None:
-    """Seconds the cells will take: measured rates of this study's finished cells, else the tiny verifier's."""
+def _estimate(todo: list[Cell], cells: list[Cell], state: _State, study: Study) -> float | None:
+    """Seconds the `todo` cells will take: the measured rate of the study's finished cells like each (fits of its
+    backbone, evals at its tree), else the prior rates of the verifier (None without them)."""
     total = 0.0
-    rates = {}  # each rate reads every finished cell's record: once per (kind, backbone), not once per cell
-    for cell in cells:
+    rates = {}  # each rate reads the finished cells' records once per kind of cell, not once per cell
+    for cell in todo:
         units = cell.steps if cell.kind == "fit" else cell.decodes
-        rate_key = (cell.kind, cell.backbone if cell.kind == "fit" else None)
-        if rate_key not in rates:
-            rates[rate_key] = state.measured(*rate_key)
-        measured = rates[rate_key]
+        if _rate_group(cell) not in rates:
+            rates[_rate_group(cell)] = state.measured([c for c in cells if _rate_group(c) == _rate_group(cell)])
+        measured = rates[_rate_group(cell)]
         if measured is not None and units:
-            total += measured * units  # finished cells' seconds include their start-up
+            total += measured * units
             continue
-        prior = _tiny_rate(study, cell) if units else None
+        prior = _prior_rate(study, cell) if units else None
         if prior is None:
             return None
-        total += prior * units + TINY_SECONDS_PER_PROCESS[cell.kind]
+        total += prior * units + PRIOR_RATES[study.verifier].per_process[cell.kind]
     return total
 
 
-def _tiny_rate(study: Study, cell: Cell) -> float | None:
-    """Seconds per step or decoded prompt on the tiny verifier; None for other verifiers."""
-    if study.verifier != "taps-tiny":
+def _rate_group(cell: Cell) -> tuple[str, str]:
+    return (cell.kind, cell.backbone if cell.kind == "fit" else cell.tree)
+
+
+def _prior_rate(study: Study, cell: Cell) -> float | None:
+    """Seconds per step or decoded prompt from PRIOR_RATES; None for other verifiers."""
+    rates = PRIOR_RATES.get(study.verifier)
+    if rates is None:
         return None
     if cell.kind == "eval":
-        return TINY_SECONDS_PER_DECODE * study.max_new_tokens / 64 * (2 if study.baseline else 1)
+        return rates.per_decode[cell.tree] * study.max_new_tokens / 64 * (1 if study.baseline else 0.5)
     module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
-    return TINY_SECONDS_PER_STEP.get(module)
+    return rates.per_step.get(module)
 
 
 def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State) -> str:
     fits = [c for c in cells if c.kind == "fit"]
     evals = [c for c in cells if c.kind == "eval"]
-    left = _estimate(todo, state, study)
+    left = _estimate(todo, cells, state, study)
     budget = f"{study.max_steps} steps each" if study.max_steps else "each on its config's own budget"
     lines = [f"study {study.name} -> {study.out_dir}",
              (f"  {len(fits)} fits ({len(study.backbones)} backbones x {len(study.domains)} domains + {len(study.mixtures)} mixtures, "
