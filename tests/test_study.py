@@ -62,7 +62,7 @@ def study(tmp_path, random_verifier_dir, monkeypatch) -> Study:
 
 def study_yaml(study: Study, path: Path) -> Path:
     data = {key: getattr(study, key) for key in ("name", "verifier", "backbones", "max_steps", "strategies", "temperatures", "prompts",
-                                                 "max_new_tokens", "lambdas", "out_root", "trees")}
+                                                 "max_new_tokens", "lambdas", "out_root", "trees", "report_dir")}
     data["domains"] = {name: {"recipe": d.recipe, "benchmarks": d.benchmarks} for name, d in study.domains.items()}
     data["tree"] = {"total_tokens": study.tree.total_tokens, "depth": study.tree.depth, "top_k": study.tree.top_k}
     path.write_text(yaml.safe_dump(data))
@@ -85,6 +85,7 @@ def cell_processes(study: Study) -> list[str]:
 @pytest.mark.integration  # seven `taps-train` processes: ~1-2 minutes on 2 cores
 def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, tmp_path):
     study.trees = ["fixed", "auto"]
+    study.report_dir = str(tmp_path / "published")
     config = study_yaml(study, tmp_path / "study.yaml")
     command = [sys.executable, "-m", "taps_train", "study", "--config", str(config)]
     first_fit = study.out_dir / "cells" / "fit_eagle2_a.json"
@@ -110,7 +111,7 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
     assert unfinished(study)[1] == []
 
     main(["study", "--config", str(config)])  # nothing left to run: writes the report
-    report = (study.out_dir / "report" / "report.md").read_text()
+    report = (tmp_path / "published" / "report.md").read_text()
     assert " ± " in report and "## Study micro: the paper's orderings" in report
     assert "| RQ1 | eagle2 | 0 | a > b | gsm8k |" in report and "| RQ3 | eagle2 | 0 | merge > route-confidence | average |" in report
     evals = sorted(p.stem for p in (study.out_dir / "eval" / "eagle2").glob("*.json"))
@@ -119,7 +120,7 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
     assert calibrated["tree_calibration"] is not None
     for name in ("b", "merge", "route-confidence"):  # every variant at the one tree the calibration chose
         assert json.loads((study.out_dir / "eval_auto" / "eagle2" / f"{name}.json").read_text())["tree"] == calibrated["tree"]
-    auto_report = (study.out_dir / "report" / "auto_tree" / "report.md").read_text()
+    auto_report = (tmp_path / "published" / "auto_tree" / "report.md").read_text()
     assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"tree {calibrated['tree']['total_tokens']} tokens" in auto_report
 
     # A changed recipe reruns its fit and every evaluation reading that drafter, nothing else.
@@ -180,6 +181,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"tree": Tree(total_tokens=0)}, "tree.total_tokens: 0 is out of range"),
     ({"tree": Tree(depth=-1)}, "tree.depth: -1 is out of range"),
     ({"seed": -1}, "seed: -1 is out of range"),
+    ({"report_dir": "/proc/report"}, "report_dir /proc/report is not a writable directory"),
     ({"trees": []}, r"trees: \[\]: name each of \['fixed', 'auto'\] at most once"),
     ({"trees": ["auto", "auto"]}, "trees: .* at most once"),
     ({"trees": ["paper"]}, "trees: .* at most once"),
@@ -261,6 +263,25 @@ def test_findings_say_which_orderings_the_intervals_support(study):
     assert "| RQ4 | eagle2 | 0 | route-confidence > route-entropy | average | -0.150 [-0.150, -0.150] | contradicted |" in text
     assert "| eagle2 | 0 | a | gsm8k | 1.00 / 2.00 | 0.60 0.40 |" in text
     assert "> average |" not in text  # no uniform-average report: that claim is left out, not guessed
+
+
+def test_backbones_are_compared_drafter_for_drafter_the_later_method_claimed_better(study, tmp_path):
+    from taps_train.study.findings import markdown, study_reports
+
+    hass = yaml.safe_load(Path(study.backbones["eagle2"]).read_text())
+    hass["model"]["class_path"] = "taps_train.training.HassModule"
+    (tmp_path / "hass.yaml").write_text(yaml.safe_dump(hass))
+    study.backbones = {"hass": str(tmp_path / "hass.yaml"), "eagle2": study.backbones["eagle2"]}
+    study.temperatures = [0.0]
+    strong = [(30 + i % 7, 10) for i in range(20)]
+    weak = [(n - 5, c) for n, c in strong]
+    for backbone, a, b in (("eagle2", weak, strong), ("hass", strong, weak)):
+        fake_report(study.out_dir / "eval" / backbone / "a.json", "a", {"gsm8k": a})
+        fake_report(study.out_dir / "eval" / backbone / "b.json", "b", {"mt_bench": b})
+    text = markdown(study, study_reports(study))
+    assert "| 0 | a | gsm8k | hass > eagle2 | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| 0 | b | mt_bench | hass > eagle2 | -0.500 [-0.500, -0.500] | contradicted |" in text
+    assert "eagle2 > hass" not in text
 
 
 @pytest.mark.parametrize("content, message", [

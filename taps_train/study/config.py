@@ -11,6 +11,7 @@ from pathlib import Path
 from taps_train.errors import TapsError
 from taps_train.data.recipe import load_recipe
 from taps_train.fit_config import FIX, check_trainer_options, fit_config_problems
+from taps_train.paths import writable_directory
 from taps_train.eval.settings import benchmark_problem, temperatures_problem, tree_problems, verifier_problem
 from taps_train.ranges import int_problem
 from taps_train.spec.strategies import STRATEGIES
@@ -48,7 +49,8 @@ class Study:
     (about doubles evaluation time). trees: `fixed` evaluates every variant with `tree` (the paper's, so τ compares
     with the paper); `auto` evaluates the drafters and strategies again with the tree `eval --tree auto` chooses for
     this machine within `tree`, calibrated once per backbone on its first mixture's drafter (else the first domain's)
-    so that every variant runs the same shape (the speedup a user of this machine gets; λ sweeps stay fixed-tree)."""
+    so that every variant runs the same shape (the speedup a user of this machine gets; λ sweeps stay fixed-tree).
+    report_dir: where report.md and its PNGs go (default `<out_root>/<name>/report`; the auto tree's in `auto_tree/`)."""
 
     name: str
     domains: dict[str, Domain]
@@ -66,6 +68,7 @@ class Study:
     lambdas: list[float] = field(default_factory=list)
     seed: int = 0
     out_root: str = "checkpoints/studies"
+    report_dir: str | None = None
 
     @property
     def out_dir(self) -> Path:
@@ -121,6 +124,11 @@ class Study:
             problems.append(f"lambdas: a λ sweep interpolates two specialists; this study has {len(self.domains)} domains")
         if any(not (isinstance(value, int | float) and 0 <= value <= 1) for value in self.lambdas):
             problems.append(f"lambdas: every λ lies in [0, 1], got {self.lambdas}")
+        if self.report_dir is not None:
+            try:
+                writable_directory(self.report_dir, "report_dir", "pass a folder to write the report into")
+            except TapsError as err:
+                problems.append(str(err))
         if not self.trees or len(set(self.trees)) != len(self.trees) or not set(self.trees) <= set(TREES):
             problems.append(f"trees: {self.trees}: name each of {list(TREES)} at most once (fixed: `tree`; auto: the machine's choice within it)")
         problems += [f"{key}: {problem}" for key, problem in self._run_problems().items() if problem]

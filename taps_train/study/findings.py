@@ -16,6 +16,8 @@ from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
 from taps_train.eval.report import EvalReport, read_report
 from taps_train.study.config import Study
 from taps_train.study.plan import eval_dir
+from taps_train.fit_config import FIX
+from taps_train.user_yaml import read_yaml
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,38 @@ def claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> l
     return found
 
 
+# The methods' own papers: HASS and EAGLE-3 each report a longer τ than EAGLE-2; EAGLE-3, the later one, is
+# claimed over HASS here. A backbone's method is the module class of its fit config.
+METHOD_RANK = {"Eagle2Module": 0, "HassModule": 1, "Eagle3Module": 2}
+
+
+def backbone_claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[Claim]:
+    """The later method beats the earlier one, drafter for drafter (each training set, on each of its benchmarks; a
+    mixture on every benchmark), on the same prompts. `Claim.backbone` holds the training set here."""
+    ranked = sorted((METHOD_RANK[m], name) for name, m in backbone_methods(study).items() if m in METHOD_RANK)
+    pairs = [(later, earlier) for i, (_, earlier) in enumerate(ranked) for _, later in ranked[i + 1:]]
+    sets = {**{name: [benchmark_name(b) for b in domain.benchmarks] for name, domain in study.domains.items()},
+            **{name: [benchmark_name(b) for b in study.benchmarks] for name in study.mixtures}}
+    found = []
+    for temperature in study.temperatures:
+        for name, benchmarks in sets.items():
+            for benchmark in benchmarks:
+                for later, earlier in pairs:
+                    claim = _claim("backbone", name, temperature, later, reports.get((later, name, temperature)), earlier,
+                                   reports.get((earlier, name, temperature)), [benchmark])
+                    found += [claim] if claim else []
+    return found
+
+
+def backbone_methods(study: Study) -> dict[str, str]:
+    """Backbone name -> the module class its fit config trains (Study.check has read every config)."""
+    methods = {}
+    for name, path in study.backbones.items():
+        model = read_yaml(path, "fit config", FIX).get("model") or {}
+        methods[name] = str(model.get("class_path", "")).rsplit(".", 1)[-1]
+    return methods
+
+
 def orderings(study: Study, best_single: str | None) -> list[tuple[str, str, str, list[str]]]:
     """(question, better, worse, benchmarks) the paper claims. RQ1: the matched specialist beats each other one on
     its domain's benchmarks. RQ2: the matched specialist beats a mixture (not uniformly better) and the mixture
@@ -98,6 +132,14 @@ def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport], tr
         "| RQ | backbone | T | claim | on | Δτ [95% interval] | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
+        "",
+        "Backbones drafter for drafter: the same training set and prompts, each backbone at its fit config's budget "
+        "(the later method claimed better, as its paper reports against the earlier).",
+        "",
+        "| T | trained on | on | claim | Δτ [95% interval] | verdict |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *[f"| {c.temperature:g} | {c.backbone} | {c.where} | {c.better} > {c.worse} | {c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}] | "
+          f"{c.verdict} |" for c in backbone_claims(study, reports)],
         "",
         "Point estimates without intervals (the reports pool these over rounds, not per prompt): RQ4, draft entropy of "
         "accepted vs rejected tokens; RQ5, acceptance rate by depth of each specialist on its own domain and of the "

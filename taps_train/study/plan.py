@@ -79,7 +79,9 @@ def eval_dir(study: Study, tree: str = "fixed") -> Path:
 
 
 def report_dir(study: Study, tree: str = "fixed") -> Path:
-    return study.out_dir / "report" if tree == "fixed" else study.out_dir / "report" / f"{tree}_tree"
+    """Where `taps-train report` of the evaluations at `tree` goes (`report_dir`, or the study folder's report/)."""
+    root = Path(study.report_dir) if study.report_dir is not None else study.out_dir / "report"
+    return root if tree == "fixed" else root / f"{tree}_tree"
 
 
 def _training_sets(study: Study) -> dict[str, str]:
