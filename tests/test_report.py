@@ -115,3 +115,13 @@ def test_notebook_executes_headless_on_a_folder_of_reports(tmp_path):
     assert len(images) == 5
     markdown = "".join(o["data"].get("text/markdown", "") for o in outputs if "data" in o)
     assert "| merge: hass_math/last + hass_chat/last |" in markdown
+
+
+def test_tau_table_puts_a_speedup_column_next_to_each_tau_when_reports_measured_it(tmp_path):
+    timed = report([MATH], "single", 0.0, 2.5, 1.5)
+    timed["benchmarks"]["gsm8k"].update(speedup=1.16, speedup_ci95=[1.09, 1.22], tokens_per_s=23.2, baseline_tokens_per_s=20.0)
+    untimed = report([CHAT], "single", 0.0, 1.2, 2.0)
+    table = tau_table([timed, untimed])
+    assert table.splitlines()[0] == "| variant | T=0 gsm8k | T=0 gsm8k speedup | T=0 mt_bench | T=0 mt_bench speedup | T=0 average |"
+    assert "| hass_math/last | 2.50 (58) | 1.16× \\[1.09, 1.22\\] | 1.50 (58) | – | 2.00 |" in table
+    assert "speedup" not in tau_table([untimed])  # no baseline anywhere: no speedup columns

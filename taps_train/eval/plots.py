@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
-from taps_train.eval.report import read_report, tau_cell
+from taps_train.eval.report import read_report, speedup_cell, tau_only_cell
 
 DPI = 120
 
@@ -99,16 +99,25 @@ def markdown_cell(text: object) -> str:
 
 
 def tau_table(reports: list[dict]) -> str:
-    """Table 1: τ per variant (rows) and benchmark x temperature (columns), with verified tree tokens per call."""
+    """Table 1: τ per variant (rows) and benchmark x temperature (columns), with verified tree tokens per call, and
+    next to each τ the speedup over plain decoding when any report measured it."""
     temps, names = temperatures(reports), benchmark_names(reports)
-    header = ["variant"] + [f"T={t:g} {name}" for t in temps for name in [*names, "average"]]
+    timed = any(result.get("speedup") is not None for r in reports for result in r["benchmarks"].values())
+    header = ["variant"]
+    for t in temps:
+        for name in names:
+            header += [f"T={t:g} {name}"] + ([f"T={t:g} {name} speedup"] if timed else [])
+        header.append(f"T={t:g} average")
     rows = []
     for label, cells in by_variant(reports).items():
         row = [label]
         for t in temps:
             report = cells.get(t)
             results = report["benchmarks"] if report else {}
-            row += [tau_cell(results[n]) if n in results else "–" for n in names]
+            for name in names:
+                row.append(tau_only_cell(results[name]) if name in results else "–")
+                if timed:
+                    row.append(speedup_cell(results[name]) if name in results else "–")
             row.append(f"{report['average_acceptance_length']:.2f}" if report else "–")
         rows.append(row)
     return markdown_table(header, rows)
@@ -334,7 +343,9 @@ def markdown(reports: list[dict], images: Iterable[str]) -> str:
         f"{len(reports)} eval report(s); verifier {', '.join(sorted({str(r.get('verifier')) for r in reports}))}; "
         f"tree {tree.get('total_tokens')} tokens, depth {tree.get('depth')}, top-k {tree.get('top_k')}.",
         "## Acceptance length τ (Table 1)",
-        "τ = tokens emitted per verifier call; in parentheses the mean number of tree tokens the verifier checked per call.",
+        "τ = tokens emitted per verifier call (± the half-width of its 95% bootstrap interval over prompts); in parentheses the mean "
+        "number of tree tokens the verifier checked per call; speedup = tokens/s over plain decoding of the same verifier on the same "
+        "prompts, with its 95% interval.",
         tau_table(reports),
         "![τ by benchmark](tau.png)",
     ]

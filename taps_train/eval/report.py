@@ -122,13 +122,22 @@ class EvalReport:
 def tau_cell(result: dict) -> str:
     """τ ± the half-width of its 95% interval (when the report has one), verified tree tokens per call, and the
     speedup over plain decoding with its interval (when the report has a baseline)."""
+    speedup = speedup_cell(result)
+    return tau_only_cell(result) + (f" {speedup}" if speedup != "–" else "")
+
+
+def tau_only_cell(result: dict) -> str:
     low, high = result.get("tau_ci95") or (None, None)
     spread = f" ± {(high - low) / 2:.2f}" if low is not None else ""
-    cell = f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
-    if result.get("speedup") is not None:
-        low, high = result.get("speedup_ci95") or (None, None)
-        cell += f" {result['speedup']:.2f}×" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
-    return cell
+    return f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
+
+
+def speedup_cell(result: dict) -> str:
+    """`1.16× [1.09, 1.22]`, or – for a report decoded without the plain baseline."""
+    if result.get("speedup") is None:
+        return "–"
+    low, high = result.get("speedup_ci95") or (None, None)
+    return f"{result['speedup']:.2f}×" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
 
 
 def read_report(path: str | Path) -> EvalReport:
