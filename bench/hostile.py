@@ -598,6 +598,28 @@ for label, content in [("empty", ""), ("garbage", b"\xff\xfe\x00garbage"), ("no_
     case("eval", f"benchmark_{label}", eval_argv(bench=lambda c, label=label: f"gsm8k:{c.p(f'bench_{label}.jsonl')}"),
          files=lambda c, label=label, content=content: write(c.p(f"bench_{label}.jsonl"), content), names=lambda c, label=label: [f"bench_{label}.jsonl"])
 case("eval", "benchmark_missing_file", eval_argv(bench=lambda c: f"gsm8k:{c.p('nope.jsonl')}"), names=lambda c: ["nope.jsonl"])
+
+
+def calibrated_report(c: Ctx, tree: dict) -> str:
+    """The valid report with a hand-written `--tree auto` calibration choosing `tree`."""
+    data = json.loads(Path(c.report).read_text())
+    data["tree"] = tree
+    data["tree_calibration"] = {"choice": {**tree, "expected_tau": 2.0}}
+    write(c.p("calibrated.json"), json.dumps(data))
+    return c.p("calibrated.json")
+
+
+# eval --tree-from: the tree another report's calibration chose
+for label, extra in {"uncalibrated": lambda c: [c.report], "missing": lambda c: [c.p("nope.json")], "directory": lambda c: [str(c.d)],
+                     "garbage": lambda c: (write(c.p("g.json"), b"\xff\x00"), c.p("g.json"))[1],
+                     "with_tree_auto": lambda c: [calibrated_report(c, {"total_tokens": 4, "depth": 1, "top_k": 2}), "--tree", "auto"],
+                     "with_depth": lambda c: [calibrated_report(c, {"total_tokens": 4, "depth": 1, "top_k": 2}), "--depth", "2"],
+                     "depth_over_total": lambda c: [calibrated_report(c, {"total_tokens": 3, "depth": 7, "top_k": 2})],
+                     "zero_tokens": lambda c: [calibrated_report(c, {"total_tokens": 0, "depth": 1, "top_k": 2})]}.items():
+    case("eval", f"tree_from_{label}", lambda c, extra=extra: eval_argv("--tree-from", *([extra(c)] if isinstance(extra(c), str) else extra(c)))(c),
+         names=lambda c: ["--tree-from", "tree_from", "tree", "total_tokens", "--total-tokens", "depth", "--depth"])
+case("eval", "tree_from_ok", lambda c: eval_argv("--tree-from", calibrated_report(c, {"total_tokens": 4, "depth": 1, "top_k": 2}))(c),
+     expect="ok", check=report_check)
 case("eval", "benchmark_directory", eval_argv(bench=lambda c: (os.makedirs(c.p("bdir.jsonl"), exist_ok=True), f"gsm8k:{c.p('bdir.jsonl')}")[1]),
      names=lambda c: ["bdir.jsonl"])
 case("eval", "benchmark_unknown_name", eval_argv(bench=lambda c: "nosuchbench"), names=lambda c: ["nosuchbench"])
@@ -820,6 +842,15 @@ study_case("name_empty", setting_study("name", ""))
 study_case("mixture_named_like_domain", setting_study("mixtures", {"a": "x.yaml"}))
 study_case("unknown_key", setting_study("max_step", 3))
 study_case("out_root_under_a_file", setting_study("out_root", lambda ctx: str(ctx.root / "bench.jsonl")), extra=(), field="out_root")
+study_case("trees_a_string", setting_study("trees", "auto"), field="trees")
+study_case("trees_empty", setting_study("trees", []), field="trees")
+study_case("trees_twice", setting_study("trees", ["auto", "auto"]), field="trees")
+study_case("trees_unknown", setting_study("trees", ["paper"]), field="trees")
+study_case("trees_a_mapping", setting_study("trees", {"fixed": 1}), field="trees")
+study_case("trees_auto_only_ok", setting_study("trees", ["auto"]), "ok")
+study_case("report_dir_a_file", setting_study("report_dir", lambda ctx: str(ctx.root / "bench.jsonl")), field="report_dir")
+study_case("report_dir_proc", setting_study("report_dir", "/proc/taps-report"), field="report_dir")
+study_case("report_dir_a_list", setting_study("report_dir", ["a", "b"]), field="report_dir")
 case("study", "override_bad_type", lambda c: ["study", "--config", c.p("s.yaml"), "--prompts", "many", "--dry-run"],
      lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c)))), names=lambda c: [c.p("s.yaml"), "prompts"])
 
