@@ -340,3 +340,33 @@ def test_last_ckpt_holds_the_final_step_even_when_the_budget_is_not_a_multiple_o
             [callback(dirpath=directory, every_n_train_steps=2, save_last=True, save_top_k=-1)], steps=3, limit_val_batches=0)
         steps[callback.__name__] = read_checkpoint(directory / "last.ckpt")["global_step"]
     assert steps == {"ModelCheckpoint": 2, "LastCheckpoint": 3}
+
+
+def test_a_cell_dies_with_its_study_even_when_the_study_started_with_sigint_ignored(tmp_path):
+    """`nohup taps-train study ... &` from a script starts the study with SIGINT ignored; its cells would inherit that
+    and outlive it (the death signal is SIGINT) unless the runner gives them the default back."""
+    pid_file = tmp_path / "child.pid"
+    (tmp_path / "cell.py").write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    (tmp_path / "study.py").write_text(f"import subprocess, sys\nfrom taps_train.study.run import _die_with_parent\n"
+                                       f"subprocess.run([sys.executable, {str(tmp_path / 'cell.py')!r}], preexec_fn=_die_with_parent)\n")
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "study.py")], preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and "zombie" not in _state(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}").exists() and "zombie" not in _state(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the cell outlived its study"
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return "zombie"

@@ -210,7 +210,9 @@ def _read_started(directory: Path) -> dict | None:
 def _die_with_parent() -> None:
     """Linux: the cell's process is interrupted when the study's process dies, even by SIGKILL. SIGINT, not SIGTERM:
     Lightning turns SIGTERM into a flag its loop checks later (an orphaned fit kept building its cache); SIGINT is a
-    KeyboardInterrupt at once, which fit, eval and cache builds clean up after."""
+    KeyboardInterrupt at once, which fit, eval and cache builds clean up after. A study started in the background
+    (`nohup ... &` from a script) inherits SIGINT ignored, and so would its cells: they get the default back first."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
     except OSError:
