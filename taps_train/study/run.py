@@ -29,7 +29,6 @@ from taps_train.study.config import Study
 from taps_train.study.plan import Cell, plan
 
 
-
 @dataclass(frozen=True)
 class Rates:
     """Seconds a cell takes on 2 CPU cores, before this study has measured its own: per training step (4k-token
