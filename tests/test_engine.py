@@ -126,6 +126,7 @@ def test_benchmark_result_from_worker_counters():
 @pytest.mark.parametrize("extra, message", [
     (["--strategy", "merge"], "serves one drafter"),
     (["--tree", "auto"], "drafts greedy chains"),
+    (["--tree-from", "calibrated.json"], "--tree auto and --tree-from choose taps-train's trees"),
     (["--speculative-tokens", "0"], "--speculative-tokens 0 is out of range"),
 ])
 def test_eval_engine_refusals_before_any_work(random_verifier_dir, tmp_path, capsys, extra, message):

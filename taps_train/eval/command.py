@@ -77,16 +77,17 @@ def parser() -> argparse.ArgumentParser:
 
 def run_eval(args: list[str]) -> None:
     options = parser().parse_args(args)
+    if (options.strategy == "single") != (len(options.drafters) == 1):
+        raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
+    if options.engine == "vllm":
+        check_engine_options(options)
     if options.tree_from is not None:
         if options.tree == "auto":
             raise TapsError("--tree auto calibrates a tree; --tree-from reads one a calibration chose: pass one of them")
         explicit = [flag for flag in ("--total-tokens", "--depth", "--top-k") if any(a == flag or a.startswith(f"{flag}=") for a in args)]
         options.total_tokens, options.depth, options.top_k = astuple(calibrated_tree([options.tree_from], "--tree-from", explicit))
-    if (options.strategy == "single") != (len(options.drafters) == 1):
-        raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     check_options(options)
     if options.engine == "vllm":
-        check_engine_options(options)
         write_reports(run_engine_eval(options, load_benchmarks(options)), options)
         return
     tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
