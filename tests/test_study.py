@@ -145,6 +145,10 @@ def test_the_machine_tree_is_calibrated_once_per_backbone_on_the_mixture_and_rea
         assert cell.args[cell.args.index("--tree-from") + 1] == str(calibration.outputs[0]) and "--total-tokens" not in cell.args
         assert calibration.key in cell.needs and cell.outputs[0].parent == study.out_dir / "eval_auto" / "eagle2"
     assert all("--tree" not in c.args and "--tree-from" not in c.args for c in fixed)
+    assert not any("--no-baseline" in c.args for c in evals)  # by default every tree measures the speedup
+    study.baseline = ["auto"]
+    evals = [cell for cell in plan(study) if cell.kind == "eval"]
+    assert [("--no-baseline" in c.args) for c in evals] == [c.tree == "fixed" for c in evals]
     assert len({c.key for c in evals}) == len({c.log for c in evals}) == len(evals)
 
 
@@ -182,6 +186,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"tree": Tree(depth=-1)}, "tree.depth: -1 is out of range"),
     ({"seed": -1}, "seed: -1 is out of range"),
     ({"report_dir": "/proc/report"}, "report_dir /proc/report is not a writable directory"),
+    ({"baseline": ["paper"]}, r"baseline: \['paper'\]: name trees of"),
     ({"trees": []}, r"trees: \[\]: name each of \['fixed', 'auto'\] at most once"),
     ({"trees": ["auto", "auto"]}, "trees: .* at most once"),
     ({"trees": ["paper"]}, "trees: .* at most once"),

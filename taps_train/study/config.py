@@ -45,8 +45,8 @@ class Study:
     folders are the study's). max_steps: every fit's budget (None: each config's own, e.g. the paper's 20 epochs). mixtures: name -> a mixture recipe, trained by every backbone. strategies: how
     the specialists are combined (`taps-train eval --strategy`; `average` is uniform). lambdas: weights of the
     first domain's specialist in a two-domain averaging sweep. prompts, max_new_tokens: per benchmark, for
-    every evaluation. baseline: every evaluation also decodes its prompts plainly, for the speedup next to τ
-    (about doubles evaluation time). trees: `fixed` evaluates every variant with `tree` (the paper's, so τ compares
+    every evaluation. baseline: the trees whose evaluations also decode every prompt plainly, for the speedup next to
+    τ (up to twice the evaluation time; [] for τ alone). trees: `fixed` evaluates every variant with `tree` (the paper's, so τ compares
     with the paper); `auto` evaluates the drafters and strategies again with the tree `eval --tree auto` chooses for
     this machine within `tree`, calibrated once per backbone on its first mixture's drafter (else the first domain's)
     so that every variant runs the same shape (the speedup a user of this machine gets; λ sweeps stay fixed-tree).
@@ -64,7 +64,7 @@ class Study:
     trees: list[str] = field(default_factory=lambda: ["fixed"])
     prompts: int = 20
     max_new_tokens: int = 64
-    baseline: bool = True
+    baseline: list[str] = field(default_factory=lambda: list(TREES))
     lambdas: list[float] = field(default_factory=list)
     seed: int = 0
     out_root: str = "checkpoints/studies"
@@ -131,6 +131,8 @@ class Study:
                 problems.append(str(err))
         if not self.trees or len(set(self.trees)) != len(self.trees) or not set(self.trees) <= set(TREES):
             problems.append(f"trees: {self.trees}: name each of {list(TREES)} at most once (fixed: `tree`; auto: the machine's choice within it)")
+        if not set(self.baseline) <= set(TREES):
+            problems.append(f"baseline: {self.baseline}: name trees of {list(TREES)} (those whose evaluations measure the speedup), or []")
         problems += [f"{key}: {problem}" for key, problem in self._run_problems().items() if problem]
         if problems:
             raise TapsError(f"study {self.name}: " + "; ".join(problems))

@@ -143,7 +143,7 @@ def _eval_cell(study: Study, backbone: str, label: str, drafters: list[Cell], st
         options += ["--tree-from", str(calibration.outputs[0])]
     if weights is not None:
         options += ["--weights", *[f"{w:g}" for w in weights]]
-    if not study.baseline:
+    if tree not in study.baseline:
         options.append("--no-baseline")
     args = ["eval", "--drafters", *[str(d.outputs[0]) for d in drafters], *options, "--output", str(output)]
     outputs = [report_path(output, t, len(study.temperatures)) for t in study.temperatures]

@@ -259,7 +259,7 @@ def _prior_rate(study: Study, cell: Cell) -> float | None:
     if rates is None:
         return None
     if cell.kind == "eval":
-        return rates.per_decode[cell.tree] * study.max_new_tokens / 64 * (1 if study.baseline else 0.5)
+        return rates.per_decode[cell.tree] * study.max_new_tokens / 64 * (1 if cell.tree in study.baseline else 0.5)
     module = str(cell.fit_config["model"].get("class_path", "")).rsplit(".", 1)[-1]
     return rates.per_step.get(module)
 
