@@ -102,11 +102,10 @@ def tau_table(reports: list[dict]) -> str:
     """Table 1: τ per variant (rows) and benchmark x temperature (columns), with verified tree tokens per call, and
     next to each τ the speedup over plain decoding when any report measured it."""
     temps, names = temperatures(reports), benchmark_names(reports)
-    timed = any(result.get("speedup") is not None for r in reports for result in r["benchmarks"].values())
-    header = ["variant"]
+    header, with_speedup = ["variant"], timed(reports)
     for t in temps:
         for name in names:
-            header += [f"T={t:g} {name}"] + ([f"T={t:g} {name} speedup"] if timed else [])
+            header += [f"T={t:g} {name}"] + ([f"T={t:g} {name} speedup"] if with_speedup else [])
         header.append(f"T={t:g} average")
     rows = []
     for label, cells in by_variant(reports).items():
@@ -116,11 +115,16 @@ def tau_table(reports: list[dict]) -> str:
             results = report["benchmarks"] if report else {}
             for name in names:
                 row.append(tau_only_cell(results[name]) if name in results else "–")
-                if timed:
+                if with_speedup:
                     row.append(speedup_cell(results[name]) if name in results else "–")
             row.append(f"{report['average_acceptance_length']:.2f}" if report else "–")
         rows.append(row)
     return markdown_table(header, rows)
+
+
+def timed(reports: list[dict]) -> bool:
+    """Whether any report measured the speedup over plain decoding (decoded with its baseline)."""
+    return any(result.get("speedup") is not None for r in reports for result in r["benchmarks"].values())
 
 
 def routed(reports: list[dict]) -> list[dict]:
@@ -344,8 +348,8 @@ def markdown(reports: list[dict], images: Iterable[str]) -> str:
         f"tree {tree.get('total_tokens')} tokens, depth {tree.get('depth')}, top-k {tree.get('top_k')}.",
         "## Acceptance length τ (Table 1)",
         "τ = tokens emitted per verifier call (± the half-width of its 95% bootstrap interval over prompts); in parentheses the mean "
-        "number of tree tokens the verifier checked per call; speedup = tokens/s over plain decoding of the same verifier on the same "
-        "prompts, with its 95% interval.",
+        "number of tree tokens the verifier checked per call" + ("; speedup = tokens/s over plain decoding of the same verifier on the "
+                                                                "same prompts, with its 95% interval." if timed(reports) else "."),
         tau_table(reports),
         "![τ by benchmark](tau.png)",
     ]
