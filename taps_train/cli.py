@@ -345,11 +345,10 @@ def run_report_command(args: list[str]) -> None:
 def run_study_command(args: list[str]) -> None:
     from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-    from taps_train.eval.plots import write_report
     from taps_train.study import Study, run_study
     from taps_train.study.config import check_study_file
-    from taps_train.study.findings import write_findings
-    from taps_train.study.plan import eval_dir, report_dir
+    from taps_train.study.findings import write_study_report
+    from taps_train.study.plan import report_dir
 
     parser = ArgumentParser(prog="taps-train study", description=TOOL_COMMANDS["study"] + ". Any key of the YAML can be overridden, "
                             "e.g. --max_steps 100.", exit_on_error=False)
@@ -372,10 +371,9 @@ def run_study_command(args: list[str]) -> None:
     if options.dry_run:
         return
     for tree in study.trees:
-        written = write_report([eval_dir(study, tree) / backbone for backbone in study.backbones], report_dir(study, tree))
-        write_findings(study, report_dir(study, tree) / "report.md", tree)
-        print(f"wrote {len(written)} files to {report_dir(study, tree)} ({tree} tree; report.md: τ and speedup with intervals, figures, "
-              "the paper's orderings)")
+        written = write_study_report(study, tree)
+        print(f"wrote {len(written)} files to {report_dir(study, tree)} ({tree} tree; report.md: every variant's τ with intervals, the "
+              "paper's orderings, links to each backbone's tables and figures)")
 
 
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, dry_run: bool,

@@ -120,8 +120,11 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
     assert calibrated["tree_calibration"] is not None
     for name in ("b", "merge", "route-confidence"):  # every variant at the one tree the calibration chose
         assert json.loads((study.out_dir / "eval_auto" / "eagle2" / f"{name}.json").read_text())["tree"] == calibrated["tree"]
+    tree = "/".join(str(calibrated["tree"][key]) for key in ("total_tokens", "depth", "top_k"))
     auto_report = (tmp_path / "published" / "auto_tree" / "report.md").read_text()
-    assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"tree {calibrated['tree']['total_tokens']} tokens" in auto_report
+    assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"[eagle2](eagle2/report.md) (tree {tree})" in auto_report
+    assert (tmp_path / "published" / "auto_tree" / "eagle2" / "tau.png").is_file()  # each backbone's figures on its own page
+    assert "| merge: eagle2_a/last + eagle2_b/last |" in (tmp_path / "published" / "eagle2" / "report.md").read_text()
 
     # A changed recipe reruns its fit and every evaluation reading that drafter, nothing else.
     Path(study.domains["b"].recipe).write_text(Path(study.domains["b"].recipe).read_text().replace("count: 16", "count: 12"))

@@ -122,6 +122,12 @@ def tau_table(reports: list[dict]) -> str:
     return markdown_table(header, rows)
 
 
+def tau_table_caption(reports: list[dict]) -> str:
+    return ("τ = tokens emitted per verifier call (± the half-width of its 95% bootstrap interval over prompts); in parentheses the "
+            "mean number of tree tokens the verifier checked per call" + ("; speedup = tokens/s over plain decoding of the same "
+                                                                         "verifier on the same prompts, with its 95% interval." if timed(reports) else "."))
+
+
 def timed(reports: list[dict]) -> bool:
     """Whether any report measured the speedup over plain decoding (decoded with its baseline)."""
     return any(result.get("speedup") is not None for r in reports for result in r["benchmarks"].values())
@@ -347,9 +353,7 @@ def markdown(reports: list[dict], images: Iterable[str]) -> str:
         f"{len(reports)} eval report(s); verifier {', '.join(sorted({str(r.get('verifier')) for r in reports}))}; "
         f"tree {tree.get('total_tokens')} tokens, depth {tree.get('depth')}, top-k {tree.get('top_k')}.",
         "## Acceptance length τ (Table 1)",
-        "τ = tokens emitted per verifier call (± the half-width of its 95% bootstrap interval over prompts); in parentheses the mean "
-        "number of tree tokens the verifier checked per call" + ("; speedup = tokens/s over plain decoding of the same verifier on the "
-                                                                "same prompts, with its 95% interval." if timed(reports) else "."),
+        tau_table_caption(reports),
         tau_table(reports),
         "![τ by benchmark](tau.png)",
     ]

@@ -15,7 +15,8 @@ import numpy as np
 from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
 from taps_train.eval.report import EvalReport, read_report
 from taps_train.study.config import Study
-from taps_train.study.plan import eval_dir
+from taps_train.eval.plots import load_reports, tau_table, tau_table_caption, write_report
+from taps_train.study.plan import eval_dir, report_dir
 from taps_train.fit_config import FIX
 from taps_train.user_yaml import read_yaml
 
@@ -165,10 +166,28 @@ def _signal_rows(study: Study, reports: dict[tuple[str, str, float], EvalReport]
     return rows
 
 
-def write_findings(study: Study, report_md: Path, tree: str = "fixed") -> None:
-    """Append the claims at `tree` to the report.md `taps-train report` wrote."""
-    text = report_md.read_text() if report_md.is_file() else ""
-    report_md.write_text(text.rstrip("\n") + "\n\n" + markdown(study, study_reports(study, tree), tree))
+def write_study_report(study: Study, tree: str = "fixed") -> list[Path]:
+    """The study's report at `tree`: `taps-train report` per backbone (`<backbone>/`: its tables and figures, legible
+    with one backbone's variants) and report.md on top: every variant's τ, links to those pages, and the claims."""
+    root = report_dir(study, tree)
+    written = [path for backbone in study.backbones for path in write_report([eval_dir(study, tree) / backbone], root / backbone)]
+    reports = load_reports([eval_dir(study, tree) / backbone for backbone in study.backbones])
+    pages = []
+    for backbone in study.backbones:
+        shapes = sorted({(r["tree"]["total_tokens"], r["tree"]["depth"], r["tree"]["top_k"]) for r in load_reports([eval_dir(study, tree) / backbone])})
+        pages.append(f"[{backbone}]({backbone}/report.md) (tree {', '.join('/'.join(map(str, shape)) for shape in shapes)})")
+    page = [
+        f"# Study {study.name}" + ("" if tree == "fixed" else f" at the {tree} tree"),
+        f"Verifier {study.verifier}; {study.prompts} prompts x {study.max_new_tokens} new tokens per benchmark. Per backbone, its "
+        f"tables and figures (trees as total tokens/depth/top-k): {' · '.join(pages)}.",
+        "## Acceptance length τ of every variant",
+        tau_table_caption(reports),
+        tau_table(reports),
+        markdown(study, study_reports(study, tree), tree),
+    ]
+    written.append(root / "report.md")
+    written[-1].write_text("\n\n".join(page))
+    return written
 
 
 def benchmark_name(spec: str) -> str:
