@@ -171,10 +171,11 @@ def write_study_report(study: Study, tree: str = "fixed") -> list[Path]:
     with one backbone's variants) and report.md on top: every variant's τ, links to those pages, and the claims."""
     root = report_dir(study, tree)
     written = [path for backbone in study.backbones for path in write_report([eval_dir(study, tree) / backbone], root / backbone)]
-    reports = load_reports([eval_dir(study, tree) / backbone for backbone in study.backbones])
+    by_backbone = {backbone: load_reports([eval_dir(study, tree) / backbone]) for backbone in study.backbones}
+    reports = [report for loaded in by_backbone.values() for report in loaded]
     pages = []
-    for backbone in study.backbones:
-        shapes = sorted({(r["tree"]["total_tokens"], r["tree"]["depth"], r["tree"]["top_k"]) for r in load_reports([eval_dir(study, tree) / backbone])})
+    for backbone, loaded in by_backbone.items():
+        shapes = sorted({(r["tree"]["total_tokens"], r["tree"]["depth"], r["tree"]["top_k"]) for r in loaded})
         pages.append(f"[{backbone}]({backbone}/report.md) (tree {', '.join('/'.join(map(str, shape)) for shape in shapes)})")
     page = [
         f"# Study {study.name}" + ("" if tree == "fixed" else f" at the {tree} tree"),
