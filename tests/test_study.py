@@ -169,6 +169,30 @@ def test_dry_run_estimates_from_the_verifiers_prior_rates_then_from_the_studys_o
     assert "0 cells done, 7 to do; estimated time 5m25s" in capsys.readouterr().err
 
 
+def test_backbones_run_one_after_another_and_a_finished_backbone_needs_no_checkpoint(study, tmp_path, capsys):
+    from taps_train.study.run import _State
+
+    study.backbones = {"eagle2": study.backbones["eagle2"], "other": study.backbones["eagle2"]}
+    cells = plan(study)
+    assert [(c.backbone, c.kind) for c in cells] == [(b, k) for b in ("eagle2", "other") for k in ("fit",) * 2 + ("eval",) * 5]
+    state = _State(study.out_dir)
+    for cell in cells:  # every cell of eagle2 recorded as a sitting that ended would leave it, but no checkpoint kept
+        if cell.backbone == "eagle2":
+            for path in cell.outputs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("{}" if cell.kind == "eval" else "")
+            state.record(cell, 1.0)
+            if cell.kind == "fit":
+                cell.outputs[0].unlink()
+    _, todo = unfinished(study)
+    assert [c.key for c in todo] == [c.key for c in cells if c.backbone == "other"]
+    run_study(study, dry_run=True)
+    assert "done  fit eagle2 on a (checkpoint not kept: its evaluations are done)" in capsys.readouterr().err
+    state.path(next(c for c in cells if c.key == "eval_eagle2_merge")).unlink()  # an evaluation to do again needs both drafters
+    _, todo = unfinished(study)
+    assert [c.key for c in todo][:3] == ["fit_eagle2_a", "fit_eagle2_b", "eval_eagle2_merge"]
+
+
 def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     assert run_study(study, dry_run=True) == []
     text = capsys.readouterr().err

@@ -45,11 +45,14 @@ class Cell:
 
 
 def plan(study: Study) -> list[Cell]:
-    """Every cell in the order they run: all fits first, then the evaluations that read them, tree by tree."""
-    fits = {(backbone, name): _fit_cell(study, backbone, name, recipe)
-            for backbone in study.backbones for name, recipe in _training_sets(study).items()}
-    evals = [cell for tree in study.trees for backbone in study.backbones for cell in _evals(study, backbone, tree, fits)]
-    return [*fits.values(), *evals]
+    """Every cell in the order they run, backbone by backbone: its fits, then the evaluations that read them, tree by
+    tree. A backbone is finished before the next one trains, so a study that runs in several sittings leaves whole
+    backbones behind, whose checkpoints it no longer needs (see `run.unfinished`)."""
+    cells = []
+    for backbone in study.backbones:
+        fits = {(backbone, name): _fit_cell(study, backbone, name, recipe) for name, recipe in _training_sets(study).items()}
+        cells += [*fits.values(), *(cell for tree in study.trees for cell in _evals(study, backbone, tree, fits))]
+    return cells
 
 
 def _evals(study: Study, backbone: str, tree: str, fits: dict[tuple[str, str], Cell]) -> list[Cell]:

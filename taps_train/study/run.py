@@ -66,7 +66,7 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
         raise TapsError(f"cannot create the study folder {study.out_dir}: {err.strerror or err}; set out_root to a writable folder") from err
     with exclusive(study.out_dir / ".lock", f"another run of study {study.name}"):
         state = _State(study.out_dir)
-        todo = [cell for cell in cells if not state.finished(cell)]  # what another run finished meanwhile
+        todo = _todo(cells, state)  # what another run finished meanwhile
         began = time.monotonic()
         for index, cell in enumerate(todo):
             console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} ...")
@@ -82,8 +82,16 @@ def unfinished(study: Study) -> tuple[list[Cell], list[Cell]]:
     """The study's cells, and those not finished with their current fingerprint."""
     study.check()
     cells = plan(study)
-    state = _State(study.out_dir)
-    return cells, [cell for cell in cells if not state.finished(cell)]
+    return cells, _todo(cells, _State(study.out_dir))
+
+
+def _todo(cells: list[Cell], state: "_State") -> list[Cell]:
+    """The cells not finished, except fits that no unfinished evaluation reads: a study resumed from its records and
+    reports alone (committed, or copied to another machine without the checkpoints) does not train again the drafters
+    of evaluations that are done. A changed fit changes the fingerprints of the evaluations reading it, so it still runs."""
+    left = [cell for cell in cells if not state.finished(cell)]
+    read = {key for cell in left if cell.kind == "eval" for key in cell.needs}
+    return [cell for cell in left if cell.kind == "eval" or cell.key in read]
 
 
 class _State:
@@ -279,7 +287,9 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
              f"x {len(study.temperatures)} temperatures each)"),
              (f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
              f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}")]
-    lines += [f"    {'done' if c not in todo else 'todo'}  {_describe(c)}" for c in cells]
+    lines += [f"    {'todo' if c in todo else 'done'}  {_describe(c)}"
+              + (" (checkpoint not kept: its evaluations are done)" if c not in todo and c.kind == "fit" and not c.outputs[0].exists() else "")
+              for c in cells]
     return "\n".join(lines)
 
 
