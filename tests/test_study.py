@@ -193,6 +193,38 @@ def test_backbones_run_one_after_another_and_a_finished_backbone_needs_no_checkp
     assert [c.key for c in todo][:3] == ["fit_eagle2_a", "fit_eagle2_b", "eval_eagle2_merge"]
 
 
+def test_a_fit_trained_again_to_other_weights_makes_the_evaluations_of_the_earlier_ones_run_again(study, monkeypatch, capsys):
+    from taps_train.study import run
+
+    weights = {"version": "1"}
+
+    def fake_cell(cell, state):  # the scheduler's part only: a cell writes its outputs, a fit the current weights
+        for path in cell.outputs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(weights["version"] if cell.kind == "fit" else "{}")
+        return 1.0
+
+    monkeypatch.setattr(run, "_run_cell", fake_cell)
+    run_study(study)
+    cells = plan(study)
+    fit_a = cells[0]
+    readers = [c.key for c in cells if fit_a.key in c.needs]
+    assert readers == ["eval_eagle2_a", "eval_eagle2_route-confidence", "eval_eagle2_merge", "eval_eagle2_average_lambda0.5"]
+    fit_a.outputs[0].unlink()  # a later sitting: the checkpoint was not kept, one evaluation of it is still to do
+    (study.out_dir / "cells" / "eval_eagle2_merge.json").unlink()
+    assert [c.key for c in run_study(study)] == ["fit_eagle2_a", "eval_eagle2_merge"]  # the same weights again
+    fit_a.outputs[0].unlink()
+    (study.out_dir / "cells" / "eval_eagle2_merge.json").unlink()
+    weights["version"] = "2"
+    capsys.readouterr()
+    assert [c.key for c in run_study(study)] == ["fit_eagle2_a", *readers]
+    assert "fit eagle2 on a: its outputs differ from those an earlier run recorded; 3 finished evaluations that read them run again" in " ".join(capsys.readouterr().err.split())
+    assert unfinished(study)[1] == []
+    (study.out_dir / "cells" / "fit_eagle2_a.json").write_text((study.out_dir / "cells" / "fit_eagle2_a.json").read_text().replace(
+        json.loads((study.out_dir / "cells" / "fit_eagle2_a.json").read_text())["outputs"][0]["sha256"], "0" * 64))
+    assert [c.key for c in unfinished(study)[1]] == readers  # they read weights other than those now recorded
+
+
 def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     assert run_study(study, dry_run=True) == []
     text = capsys.readouterr().err

@@ -68,12 +68,21 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
         state = _State(study.out_dir)
         todo = _todo(cells, state)  # what another run finished meanwhile
         began = time.monotonic()
-        for index, cell in enumerate(todo):
+        index = 0
+        while index < len(todo):
+            cell = todo[index]
             console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} ...")
+            earlier = state.hashes(cell.key) if (state.read(cell) or {}).get("fingerprint") == cell.fingerprint else None
             seconds = _run_cell(cell, state)
             state.record(cell, seconds)
-            left = _estimate(todo[index + 1:], cells, state, study)
-            console.print(f"[{index + 1}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
+            if earlier and earlier != state.hashes(cell.key):  # a finished cell ran again (e.g. a fit whose checkpoint was not kept)
+                rest = [c for c in _todo(cells, state) if c not in todo[:index + 1]]
+                console.print(f"{_describe(cell)}: its outputs differ from those an earlier run recorded; "
+                              f"{len([c for c in rest if c not in todo])} finished evaluations that read them run again")
+                todo[index + 1:] = rest
+            index += 1
+            left = _estimate(todo[index:], cells, state, study)
+            console.print(f"[{index}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
                           f"{_clock(time.monotonic() - began)}, about {_clock(left) if left is not None else '?'} left")
     return todo
 
@@ -103,8 +112,9 @@ class _State:
     def path(self, cell: Cell) -> Path:
         return self.directory / f"{cell.key}.json"
 
-    def read(self, cell: Cell) -> dict | None:
-        path = self.path(cell)
+    def read(self, cell: Cell | str) -> dict | None:
+        """The record of a cell (or of the cell with that key), None when there is none to read."""
+        path = self.directory / f"{cell if isinstance(cell, str) else cell.key}.json"
         if path.is_dir():
             raise TapsError(f"study state {path} is a directory, where taps-train keeps a cell's record file; remove it "
                             "(the cell then runs again)")
@@ -123,13 +133,25 @@ class _State:
         if outputs and all(isinstance(entry, str) for entry in outputs):  # recorded before sizes and hashes were: non-empty
             return all(path.exists() and _size_and_time(path)[0] > 0 for path in cell.outputs)
         written = {entry.get("path"): entry for entry in outputs if isinstance(entry, dict)}
-        return all(_intact(path, written.get(str(path))) for path in cell.outputs)
+        return all(_intact(path, written.get(str(path))) for path in cell.outputs) and record.get("read", self.reads(cell)) == self.reads(cell)
+
+    def reads(self, cell: Cell) -> dict[str, list]:
+        """The recorded content hashes of what an evaluation reads (its drafters' checkpoints, its calibration's report):
+        a fit trained again to other weights (another sitting, another machine) makes the evaluations of the earlier
+        weights stale, even when their fingerprints, which say how the cells ran, still match."""
+        return {key: self.hashes(key) for key in cell.needs}
+
+    def hashes(self, key: str) -> list:
+        """The SHA-256 of each output the cell `key` recorded ([] without a record)."""
+        outputs = (self.read(key) or {}).get("outputs")
+        return [entry.get("sha256") for entry in outputs if isinstance(entry, dict)] if isinstance(outputs, list) else []
 
     def record(self, cell: Cell, seconds: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.path(cell).with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"fingerprint": cell.fingerprint, "seconds": round(seconds, 1), "steps": cell.steps,
-                                   "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs]}, indent=2))
+                                   "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs], "read": self.reads(cell)},
+                                  indent=2))
         os.replace(tmp, self.path(cell))
 
     def measured(self, cells: list[Cell]) -> float | None:
