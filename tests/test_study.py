@@ -305,6 +305,31 @@ def fake_report(path: Path, label: str, per_prompt: dict[str, list[tuple[int, in
     path.write_text(report.to_json())
 
 
+def test_report_only_writes_the_evaluations_finished_so_far_and_says_it_is_partial(study, tmp_path, capsys):
+    hass = yaml.safe_load(Path(study.backbones["eagle2"]).read_text())
+    hass["model"]["class_path"] = "taps_train.training.HassModule"
+    (tmp_path / "hass.yaml").write_text(yaml.safe_dump(hass))
+    study.backbones = {"eagle2": study.backbones["eagle2"], "hass": str(tmp_path / "hass.yaml")}
+    study.trees, study.report_dir = ["fixed", "auto"], str(tmp_path / "published")
+    config = study_yaml(study, tmp_path / "study.yaml")
+    with pytest.raises(SystemExit):
+        main(["study", "--config", str(config), "--report-only"])
+    assert "study micro: no evaluation has finished yet, so there is nothing to report" in capsys.readouterr().err
+    counts = [(30 + i % 7, 10) for i in range(20)]
+    for label in ("a", "b"):  # the first two of eagle2's evaluations, as a sitting that ended there leaves them
+        fake_report(study.out_dir / "eval" / "eagle2" / f"{label}.json", label, {"gsm8k": counts, "mt_bench": counts})
+    capsys.readouterr()
+    main(["study", "--config", str(config), "--report-only"])
+    assert "no evaluation at the auto tree has finished yet" in capsys.readouterr().out
+    report = (tmp_path / "published" / "report.md").read_text()
+    assert "**Partial report**: 22 cells of the study are still to run" in report and "finished evaluations here: hass." in report
+    assert (tmp_path / "published" / "eagle2" / "report.md").is_file() and not (tmp_path / "published" / "hass").exists()
+    assert not (study.out_dir / "cells").exists()  # nothing ran
+    with pytest.raises(SystemExit):
+        main(["study", "--config", str(config), "--report-only", "--dry-run"])
+    assert "--dry-run and --report-only: pass one" in capsys.readouterr().err
+
+
 def test_findings_say_which_orderings_the_intervals_support(study):
     from taps_train.study.findings import markdown, study_reports
 

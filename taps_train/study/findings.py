@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from taps_train.errors import TapsError
 from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
 from taps_train.eval.report import EvalReport, read_report
 from taps_train.study.config import Study
@@ -166,12 +167,17 @@ def _signal_rows(study: Study, reports: dict[tuple[str, str, float], EvalReport]
     return rows
 
 
-def write_study_report(study: Study, tree: str = "fixed") -> list[Path]:
+def write_study_report(study: Study, tree: str = "fixed", pending: int = 0) -> list[Path]:
     """The study's report at `tree`: `taps-train report` per backbone (`<backbone>/`: its tables and figures, legible
-    with one backbone's variants) and report.md on top: every variant's τ, links to those pages, and the claims."""
+    with one backbone's variants) and report.md on top: every variant's τ, links to those pages, and the claims.
+    With `pending` cells still to run, the backbones evaluated so far, and report.md says it is partial."""
     root = report_dir(study, tree)
-    written = [path for backbone in study.backbones for path in write_report([eval_dir(study, tree) / backbone], root / backbone)]
-    by_backbone = {backbone: load_reports([eval_dir(study, tree) / backbone]) for backbone in study.backbones}
+    backbones = evaluated_backbones(study, tree)
+    if not backbones:
+        raise TapsError(f"study {study.name}: no evaluation at the {tree} tree has finished yet ({eval_dir(study, tree)} holds no "
+                        "reports); run the study first")
+    written = [path for backbone in backbones for path in write_report([eval_dir(study, tree) / backbone], root / backbone)]
+    by_backbone = {backbone: load_reports([eval_dir(study, tree) / backbone]) for backbone in backbones}
     reports = [report for loaded in by_backbone.values() for report in loaded]
     pages = []
     for backbone, loaded in by_backbone.items():
@@ -181,6 +187,9 @@ def write_study_report(study: Study, tree: str = "fixed") -> list[Path]:
         f"# Study {study.name}" + ("" if tree == "fixed" else f" at the {tree} tree"),
         f"Verifier {study.verifier}; {study.prompts} prompts x {study.max_new_tokens} new tokens per benchmark. Per backbone, its "
         f"tables and figures (trees as total tokens/depth/top-k): {' · '.join(pages)}.",
+        *([f"**Partial report**: {pending} cells of the study are still to run (`taps-train study --dry-run` lists them); "
+           f"backbones without finished evaluations here: {', '.join(b for b in study.backbones if b not in backbones) or 'none'}."]
+          if pending else []),
         "## Acceptance length τ of every variant",
         tau_table_caption(reports),
         tau_table(reports),
@@ -189,6 +198,11 @@ def write_study_report(study: Study, tree: str = "fixed") -> list[Path]:
     written.append(root / "report.md")
     written[-1].write_text("\n\n".join(page))
     return written
+
+
+def evaluated_backbones(study: Study, tree: str = "fixed") -> list[str]:
+    """The backbones with at least one finished evaluation report at `tree`."""
+    return [backbone for backbone in study.backbones if any((eval_dir(study, tree) / backbone).glob("*.json"))]
 
 
 def benchmark_name(spec: str) -> str:
