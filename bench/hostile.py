@@ -854,6 +854,14 @@ study_case("baseline_none_ok", setting_study("baseline", []), "ok")
 study_case("report_dir_a_file", setting_study("report_dir", lambda ctx: str(ctx.root / "bench.jsonl")), field="report_dir")
 study_case("report_dir_proc", setting_study("report_dir", "/proc/taps-report"), field="report_dir")
 study_case("report_dir_a_list", setting_study("report_dir", ["a", "b"]), field="report_dir")
+study_case("compare_with_missing", setting_study("compare_with", "/no/such/report.md"), field="compare_with")
+study_case("compare_with_a_folder", setting_study("compare_with", lambda ctx: str(ctx.root)), field="compare_with")
+study_case("compare_with_dev_zero", setting_study("compare_with", "/dev/zero"), field="compare_with")
+study_case("compare_with_binary", lambda data, ctx: (write(ctx.d / "other.md", b"\x00\xff" * 64),
+                                                     data.__setitem__("compare_with", str(ctx.d / "other.md"))), field="compare_with")
+study_case("compare_with_no_claims", lambda data, ctx: (write(ctx.d / "other.md", "# a report\n| a | b |\n"),
+                                                        data.__setitem__("compare_with", str(ctx.d / "other.md"))), field="compare_with")
+study_case("compare_with_a_list", setting_study("compare_with", ["a.md"]), field="compare_with")
 case("study", "override_bad_type", lambda c: ["study", "--config", c.p("s.yaml"), "--prompts", "many", "--dry-run"],
      lambda c: (study_files(c), write(c.d / "s.yaml", json.dumps(study_data(c)))), names=lambda c: [c.p("s.yaml"), "prompts"])
 

@@ -354,6 +354,33 @@ def test_findings_say_which_orderings_the_intervals_support(study):
     assert "> average |" not in text  # no uniform-average report: that claim is left out, not guessed
 
 
+def test_claims_stand_beside_another_studys_read_back_from_its_report(study, tmp_path):
+    from taps_train.study.findings import comparison, markdown, study_reports
+
+    study.temperatures = [0.0]
+    out = study.out_dir / "eval" / "eagle2"
+    strong = [(30 + i % 7, 10) for i in range(20)]
+    weak = [(n - 5, c) for n, c in strong]
+    fake_report(out / "a.json", "a", {"gsm8k": strong, "mt_bench": weak})
+    fake_report(out / "b.json", "b", {"gsm8k": weak, "mt_bench": strong})
+    fake_report(out / "average.json", "average", {"gsm8k": weak, "mt_bench": weak})
+    fake_report(out / "route-confidence.json", "route-confidence", {"gsm8k": strong, "mt_bench": strong})
+    (tmp_path / "other.md").write_text(markdown(study, study_reports(study)))  # the other study: the same claims ...
+    fake_report(out / "b.json", "b", {"gsm8k": strong, "mt_bench": strong})  # ... but here b is as good as a on gsm8k, and the best single
+    study.compare_with = str(tmp_path / "other.md")
+    text = comparison(study, study_reports(study))
+    assert ("| RQ1 | eagle2 | 0 | a > b | gsm8k | +0.000 [+0.000, +0.000] (a > b) not resolved | +0.500 [+0.500, +0.500] (a > b) "
+            "supported | differs |") in text
+    assert "| RQ1 | eagle2 | 0 | b > a | mt_bench | +0.500 [+0.500, +0.500] (b > a) supported | +0.500 [+0.500, +0.500] (b > a) supported | same |" in text
+    assert "| RQ3 | eagle2 | 0 | best single > average | average | +0.500 [+0.500, +0.500] (b > average) supported | " in text
+    assert "(a > average) supported | same |" in text  # the best single differs, the claim pairs
+    for bad, message in ((tmp_path, "is not a report file"), (tmp_path / "none.md", "is not a report file"),
+                         (FIXTURES / "gsm8k.jsonl", "holds no claims table")):
+        study.compare_with = str(bad)
+        with pytest.raises(TapsError, match=message):
+            study.check()
+
+
 def test_backbones_are_compared_drafter_for_drafter_the_later_method_claimed_better(study, tmp_path):
     from taps_train.study.findings import markdown, study_reports
 

@@ -15,6 +15,7 @@ from taps_train.paths import writable_directory
 from taps_train.eval.settings import benchmark_problem, temperatures_problem, tree_problems, verifier_problem
 from taps_train.ranges import int_problem
 from taps_train.spec.strategies import STRATEGIES
+from taps_train.study.compare import read_claims
 from taps_train.user_yaml import read_yaml
 
 
@@ -50,7 +51,8 @@ class Study:
     with the paper); `auto` evaluates the drafters and strategies again with the tree `eval --tree auto` chooses for
     this machine within `tree`, calibrated once per backbone on its first mixture's drafter (else the first domain's)
     so that every variant runs the same shape (the speedup a user of this machine gets; λ sweeps stay fixed-tree).
-    report_dir: where report.md and its PNGs go (default `<out_root>/<name>/report`; the auto tree's in `auto_tree/`)."""
+    report_dir: where report.md and its PNGs go (default `<out_root>/<name>/report`; the auto tree's in `auto_tree/`).
+    compare_with: another study's report.md (e.g. the same study on another verifier): its claims beside this one's."""
 
     name: str
     domains: dict[str, Domain]
@@ -69,6 +71,7 @@ class Study:
     seed: int = 0
     out_root: str = "checkpoints/studies"
     report_dir: str | None = None
+    compare_with: str | None = None
 
     @property
     def out_dir(self) -> Path:
@@ -127,6 +130,11 @@ class Study:
         if self.report_dir is not None:
             try:
                 writable_directory(self.report_dir, "report_dir", "pass a folder to write the report into")
+            except TapsError as err:
+                problems.append(str(err))
+        if self.compare_with is not None:
+            try:
+                read_claims(self.compare_with)
             except TapsError as err:
                 problems.append(str(err))
         if not self.trees or len(set(self.trees)) != len(self.trees) or not set(self.trees) <= set(TREES):

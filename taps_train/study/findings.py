@@ -15,6 +15,7 @@ import numpy as np
 from taps_train.errors import TapsError
 from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
 from taps_train.eval.report import EvalReport, read_report
+from taps_train.study.compare import generic_claim, read_claims
 from taps_train.study.config import Study
 from taps_train.eval.plots import load_reports, tau_table, tau_table_caption, write_report
 from taps_train.study.plan import eval_dir, report_dir
@@ -154,6 +155,30 @@ def markdown(study: Study, reports: dict[tuple[str, str, float], EvalReport], tr
     ])
 
 
+def comparison(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> str:
+    """The claims of this study beside those of `study.compare_with`, row for row where both checked one."""
+    other = read_claims(study.compare_with)
+    rows = []
+    for c in claims(study, reports):
+        key = (c.question, c.backbone, f"{c.temperature:g}", generic_claim(c.question, c.better, c.worse), c.where)
+        if key in other:
+            interval, verdict = other[key]
+            rows.append(f"| {c.question} | {c.backbone} | {c.temperature:g} | {key[3]} | {c.where} | {c.difference:+.3f} [{c.low:+.3f}, "
+                        f"{c.high:+.3f}] ({c.better} > {c.worse}) {c.verdict} | {interval} {verdict} | "
+                        f"{'same' if verdict == c.verdict else 'differs'} |")
+    return "\n".join([
+        f"## The same claims in {study.compare_with}",
+        "",
+        "Each claim is the paper's direction; Δτ [95% paired interval] and verdict in this study and in the other, where both "
+        f"checked it ({len(rows)} of this study's claims).",
+        "",
+        "| RQ | backbone | T | claim | on | this study | other study | verdicts |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ])
+
+
 def _signal_rows(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[str]:
     rows = []
     for (backbone, label, temperature), report in sorted(reports.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
@@ -194,6 +219,7 @@ def write_study_report(study: Study, tree: str = "fixed", pending: int = 0) -> l
         tau_table_caption(reports),
         tau_table(reports),
         markdown(study, study_reports(study, tree), tree),
+        *([comparison(study, study_reports(study, tree))] if study.compare_with else []),
     ]
     written.append(root / "report.md")
     written[-1].write_text("\n\n".join(page))
