@@ -41,14 +41,15 @@ class Rates:
 
 
 # taps-tiny: EAGLE-2 and HASS from the cells of a full tiny_taps run (150-step fits, 60-decode evaluations, start-up
-# subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml. smollm2-135m (fp32 evaluations): the fits
-# of configs/study/smol_taps.yaml (2k-token batches; their start-up, validation and the first builds of the feature
-# caches folded into the step), its first evaluation (paper tree) and an `eval --tree auto` of the same drafter
-# (calibration included). Other verifiers get counts only until cells of the study have run.
+# subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml. smollm2-135m (fp32): the fits of
+# configs/study/smol_taps.yaml (2k-token batches; their start-up, validation and the first builds of the feature
+# caches folded into the step), and its evaluations on a 2-core AMD EPYC without AMX (paper tree: the mean of EAGLE-2's
+# ten cells, 8 prompts x 32 tokens without baseline; machine tree: its first three cells, calibration included).
+# Other verifiers get counts only until cells of the study have run.
 PRIOR_RATES = {
     "taps-tiny": Rates({"Eagle2Module": 0.2, "HassModule": 1.2, "Eagle3Module": 2.7}, {"fixed": 2.0, "auto": 2.0},
                        {"fit": 45.0, "eval": 10.0}),
-    "smollm2-135m": Rates({"Eagle2Module": 4.7, "HassModule": 6.0, "Eagle3Module": 6.5}, {"fixed": 11.9, "auto": 5.5},
+    "smollm2-135m": Rates({"Eagle2Module": 4.7, "HassModule": 6.0, "Eagle3Module": 6.5}, {"fixed": 44.0, "auto": 17.0},
                           {"fit": 0.0, "eval": 15.0}),
 }
 
