@@ -193,3 +193,29 @@ def test_averaging_across_backbones_is_refused(verifier, fingerprint, tmp_path):
                    save_checkpoint(make_eagle3(verifier, seed=8), fingerprint, tmp_path / "eagle3.ckpt")]
     with pytest.raises(TapsError, match="different drafter backbones"):
         average_checkpoints(checkpoints)
+
+
+def test_averaging_eagle3_drafters_puts_both_heads_on_the_union_vocabulary(verifier, fingerprint, tmp_path):  # noqa: F811
+    """Specialists choose different draft vocabularies: an averaged head row is the λ-weighted sum of the drafters'
+    rows for the same verifier token (zero where a drafter lacks it), never rows of different tokens added."""
+    from taps_train.drafter.average import average_checkpoints
+    from taps_train.drafter.checkpoint import drafter_from_checkpoint
+
+    a, b = make_eagle3(verifier, seed=1), make_eagle3(verifier, seed=2)
+    paths = [save_checkpoint(a, fingerprint, tmp_path / "a.ckpt"), save_checkpoint(b, fingerprint, tmp_path / "b.ckpt")]
+    union = torch.cat([a.draft_token_ids, b.draft_token_ids]).unique()
+    assert 150 < len(union) < 300
+
+    def rows_for(drafter, ids):
+        rows = torch.zeros(len(ids), drafter.config.hidden_size)
+        has = drafter.t2d[ids]
+        rows[has] = drafter.lm_head.weight[torch.searchsorted(drafter.draft_token_ids, ids[has])]
+        return rows
+
+    averaged = drafter_from_checkpoint(average_checkpoints(paths, [0.25, 0.75]), verifier, "averaged drafter")
+    assert torch.equal(averaged.draft_token_ids, union) and torch.equal(averaged.t2d.nonzero().flatten(), union)
+    with torch.no_grad():
+        torch.testing.assert_close(averaged.lm_head.weight, 0.25 * rows_for(a, union) + 0.75 * rows_for(b, union))
+    same = drafter_from_checkpoint(average_checkpoints(paths, [1.0, 0.0]), verifier, "averaged drafter")
+    for (name, x), y in zip(a.state_dict().items(), same.state_dict().values()):
+        assert torch.equal(x, y), name
