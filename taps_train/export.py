@@ -65,6 +65,7 @@ from taps_train import speculators
 from taps_train.backbones import backbone_name
 from taps_train.drafter.checkpoint import check_tensors, check_verifier, read_checkpoint, trained_drafter
 from taps_train.drafter import Drafter, DrafterBackbone, Eagle3Drafter, backbone_class, build_drafter, drafter_config
+from taps_train.drafter.eagle3 import draft_token_ids, token_maps
 from taps_train.drafter.features import FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
@@ -213,7 +214,7 @@ def _eagle3_from_export(config_dict: dict, tensors: dict[str, torch.Tensor], ver
     config = LlamaConfig.from_dict({**config_dict, "architectures": [Eagle3Drafter.architecture], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
     config.target_hidden_size = getattr(config, "target_hidden_size", None) or config.hidden_size
     if "t2d" not in tensors and "d2t" in tensors:
-        tensors["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill(0, torch.arange(len(tensors["d2t"])) + tensors["d2t"], True)
+        tensors["t2d"] = token_maps(draft_token_ids(tensors["d2t"]), config.vocab_size)[1]
     check_tensors(tensors, Eagle3Drafter.tensor_shapes(config, bias=False, embeddings="embed_tokens.weight" in tensors), where,
                   Eagle3Drafter.index_tensors())
     return _with_verifier_parts(config, tensors, verifier_model, where)

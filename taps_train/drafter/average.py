@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from taps_train.drafter.checkpoint import read_checkpoint
+from taps_train.drafter.eagle3 import draft_token_ids, token_maps
 from taps_train.errors import TapsError
 from taps_train.paths import output_file
 
@@ -39,15 +40,17 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
         if checkpoint["taps"]["verifier"] != first["taps"]["verifier"]:
             raise TapsError(f"cannot average {paths[0]} and {path}: trained against different verifiers "
                             f"({first['taps']['verifier']['path']} vs {checkpoint['taps']['verifier']['path']})")
+    taps = {**first["taps"], "averaged_from": [str(p) for p in paths], "averaging_weights": weights}
     if DRAFT_IDS in first["state_dict"]:
-        _onto_union_vocabulary(checkpoints, weights)
+        size = _onto_union_vocabulary([c["state_dict"] for c in checkpoints], weights)
+        taps["drafter_config"] = {**taps["drafter_config"], "draft_vocab_size": size}
     for path, checkpoint in zip(paths[1:], checkpoints[1:]):
         shapes = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items()}
         if shapes != {k: tuple(v.shape) for k, v in first["state_dict"].items()}:
             raise TapsError(f"cannot average {paths[0]} and {path}: different drafter architectures (parameter names or shapes differ)")
     state = {key: _average([c["state_dict"][key] for c in checkpoints], weights) for key in first["state_dict"]}
     _check_finite(state, f"the average of {', '.join(map(str, paths))}", "the weighted sum overflows the dtype; check the inputs")
-    return {"state_dict": state, "taps": {**first["taps"], "averaged_from": [str(p) for p in paths], "averaging_weights": weights}}
+    return {"state_dict": state, "taps": taps}
 
 
 DRAFT_IDS, DRAFT_MASK, DRAFT_HEAD = "drafter.d2t", "drafter.t2d", "drafter.lm_head.weight"
@@ -61,25 +64,21 @@ def _average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
     return sum(w * t.float() for w, t in zip(weights, tensors)).to(tensors[0].dtype)
 
 
-def _onto_union_vocabulary(checkpoints: list[dict], weights: list[float]) -> None:
+def _onto_union_vocabulary(states: list[dict], weights: list[float]) -> int:
     """EAGLE-3 drafters pick their draft vocabularies from their own training sets, so row i of one drafter's head
     scores another token than row i of the other's. Re-index every head onto the union of the vocabularies of the
     drafters with weight > 0 (in verifier-id order, as `set_draft_vocabulary` keeps them) before averaging: a token a
     drafter lacks gets a zero row there, i.e. that drafter adds nothing to its logit. A weight-0 drafter adds no
-    tokens, so weights 1/0 give back the first drafter exactly."""
-    states = [c["state_dict"] for c in checkpoints]
-    own = [torch.arange(len(s[DRAFT_IDS])) + s[DRAFT_IDS] for s in states]
-    if all(torch.equal(ids, own[0]) for ids in own[1:]):
-        return
+    tokens, so weights 1/0 give back the first drafter exactly. Returns the union's size."""
+    own = [draft_token_ids(state[DRAFT_IDS]) for state in states]
     union = torch.cat([ids for ids, weight in zip(own, weights) if weight > 0]).unique()
-    for checkpoint, state, ids in zip(checkpoints, states, own):
+    for state, ids in zip(states, own):
         rows = torch.searchsorted(union, ids).clamp(max=len(union) - 1)
         kept = union[rows] == ids
         head = state[DRAFT_HEAD]
         state[DRAFT_HEAD] = head.new_zeros(len(union), head.shape[1]).index_copy(0, rows[kept], head[kept])
-        state[DRAFT_IDS] = union - torch.arange(len(union))
-        state[DRAFT_MASK] = torch.zeros_like(state[DRAFT_MASK]).index_fill(0, union, True)
-        checkpoint["taps"] = {**checkpoint["taps"], "drafter_config": {**checkpoint["taps"]["drafter_config"], "draft_vocab_size": len(union)}}
+        state[DRAFT_IDS], state[DRAFT_MASK] = token_maps(union, len(state[DRAFT_MASK]))
+    return len(union)
 
 
 def _check_finite(state: dict, what: str, fix: str) -> None:

@@ -85,6 +85,17 @@ def draft_vocab_tokens(draft_vocab_size: int | float, verifier_vocab_size: int) 
     return max(1, round(draft_vocab_size * verifier_vocab_size))
 
 
+def draft_token_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """The verifier id of each draft id: `d2t` holds offsets."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t
+
+
+def token_maps(token_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`d2t` and `t2d` of the draft vocabulary `token_ids` (distinct verifier ids, ascending)."""
+    d2t = token_ids - torch.arange(len(token_ids), device=token_ids.device)
+    return d2t, torch.zeros(vocab_size, dtype=torch.bool, device=token_ids.device).index_fill(0, token_ids, True)
+
+
 def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | float,
                   feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
     """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary (in tokens) and the fused layers."""
@@ -174,14 +185,14 @@ class Eagle3Drafter(DrafterBackbone):
         ids = token_ids.unique().sort().values.to(self.d2t.device)
         if len(ids) != self.config.draft_vocab_size or len(token_ids) != len(ids):
             raise TapsError(f"a draft vocabulary needs {self.config.draft_vocab_size} distinct token ids, got {len(token_ids)}")
-        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
-        self.t2d.zero_()
-        self.t2d[ids] = True
+        d2t, t2d = token_maps(ids, len(self.t2d))
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
 
     @property
     def draft_token_ids(self) -> torch.Tensor:
         """The verifier id of each draft id."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        return draft_token_ids(self.d2t)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The hidden state a step reads: fc over fused verifier features, or (inside a draft) its own."""
