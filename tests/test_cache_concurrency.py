@@ -14,6 +14,7 @@ import pytest
 
 from taps_train.data import prepare
 from taps_train.data import regenerate as regen
+from taps_train.verifier.generation import stop_token_ids
 from taps_train.data.conversation import Conversation
 from taps_train.data.feature_cache import CacheSettings
 from taps_train.data.locking import exclusive
@@ -135,7 +136,8 @@ def test_regeneration_into_one_file_waits_for_the_holder(random_verifier_dir, tm
     items = [Conversation(f"c{i}", [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": "two"}]) for i in range(3)]
     path = tmp_path / "regen.jsonl"
     spec = Regenerate(temperature=0.0, max_new_tokens=4, seed=0)
-    worker = threading.Thread(target=regen.regenerate, args=(items, verifier.model, verifier.tokenizer, spec, 128, path))
+    worker = threading.Thread(target=regen.regenerate, args=(items, regen.transformers_generator(verifier.model, verifier.tokenizer), verifier.tokenizer,
+                                                                      stop_token_ids(verifier.model, verifier.tokenizer), spec, 128, path))
     with exclusive(path.with_name("regen.jsonl.lock"), "the test"):
         worker.start()
         wait_for(lambda: "waiting for another regeneration into" in capsys.readouterr().err, "the regeneration to wait", timeout_s=30)

@@ -11,6 +11,7 @@ from taps_train.data.conversation import Conversation
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import Regenerate, load_recipe
 from taps_train.verifier import load_verifier
+from taps_train.verifier.generation import stop_token_ids
 
 GREEDY = Regenerate(temperature=0.0, max_new_tokens=6, seed=0)
 SAMPLED = Regenerate(temperature=1.0, max_new_tokens=6, seed=0)
@@ -46,7 +47,8 @@ def greedy_reply(verifier, messages: list[dict]) -> str:
 
 
 def run(verifier, items, spec, path, max_length: int = 256) -> list[Conversation]:
-    return regen.regenerate(items, verifier.model, verifier.tokenizer, spec, max_length, path)
+    return regen.regenerate(items, regen.transformers_generator(verifier.model, verifier.tokenizer), verifier.tokenizer,
+                            stop_token_ids(verifier.model, verifier.tokenizer), spec, max_length, path)
 
 
 def test_assistant_turns_are_the_verifiers_greedy_replies_and_prompts_are_kept(verifier, tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ held-out samples, which training never sees.
 """
 
 import shlex
-from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -25,7 +24,7 @@ from taps_train.data.distributed import (
     several_ranks,
 )
 from taps_train.data.feature_cache import CacheSettings, FeatureCache
-from taps_train.data.prepare import PreparedSource, RecipePreparer
+from taps_train.data.prepare import GENERATION_ENGINES, PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.drafter.features import LAST, FeatureContract
 from taps_train.errors import TapsError
@@ -89,6 +88,8 @@ class DrafterDataModule(LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         verifier_states: tuple[int, ...] = (LAST,),
+        generation_engine: str = "auto",
+        engine_python: str | None = None,
     ):
         """
         Args:
@@ -108,6 +109,11 @@ class DrafterDataModule(LightningDataModule):
             seed: shuffling seed (per epoch: seed + epoch).
             verifier_states: the verifier hidden states the drafter reads (its feature contract; -1 = the post-norm
                 last state). `taps-train fit` sets it from the model's drafter backbone.
+            generation_engine: what generates the replies of the recipe's `regenerate:` sources: transformers (the
+                verifier's `generate`), vllm, or auto: vLLM where `engine_python`, $TAPS_ENGINE_PYTHON or this python
+                has it and it serves the verifier, else transformers. vLLM is ~3x faster on a CPU (same greedy replies
+                in fp32); each engine's replies are cached apart.
+            engine_python: a python that imports vllm (e.g. a venv from scripts/vllm-venv.sh).
         """
         super().__init__()
         # The verifier's placement for the cache is logged under its own names: the module's verifier_device/verifier_dtype
@@ -133,6 +139,9 @@ class DrafterDataModule(LightningDataModule):
         resolve_placement(verifier_device, verifier_dtype)  # refuse a bad device/dtype now, not after the data is read
         self.verifier_device = verifier_device
         self.verifier_dtype = verifier_dtype
+        if generation_engine not in GENERATION_ENGINES:
+            raise TapsError(f"unknown data.generation_engine {generation_engine!r}; use one of {', '.join(GENERATION_ENGINES)}")
+        self.generation_engine, self.engine_python = generation_engine, engine_python
         self.cache_dir = writable_directory(cache_dir, "data.cache_dir", "pass a writable folder for the feature cache") if cache_dir else None
         self.online = online
         self.batch_size = batch_size
@@ -148,7 +157,8 @@ class DrafterDataModule(LightningDataModule):
         """One per process: loading the sources and hashing their files is not free (125 MB for ShareGPT)."""
         if self._recipe_preparer is None:
             self._recipe_preparer = RecipePreparer(self.recipe, self.verifier, self.cache_dir, self.settings,
-                                                  self.verifier_device, self.verifier_dtype, self.contract)
+                                                  self.verifier_device, self.verifier_dtype, self.contract,
+                                                  self.generation_engine, self.engine_python)
         return self._recipe_preparer
 
     def prepare_data(self) -> None:

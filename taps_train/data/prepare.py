@@ -37,7 +37,9 @@ from taps_train.data.recipe import Recipe, SelectedSource, select
 from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.home import taps_home
+from taps_train.engine.generation import ENGINE_PYTHON_VARIABLE, EngineUnavailable, VllmGenerator, find_engine_python
 from taps_train.verifier.fingerprint import verifier_fingerprint
+from taps_train.verifier.generation import files_stop_token_ids
 from taps_train.verifier.loading import (
     LoadedVerifier,
     load_verifier,
@@ -100,6 +102,8 @@ class PreparedSource:
         return pending_tokens(self.samples, self.directory, self.fingerprint, shard_ranges(len(self.conversations), settings.shard_samples), settings)
 
 
+GENERATION_ENGINES = ("auto", "transformers", "vllm")
+
 ShardsByRank = list[list[list[dict] | None]]  # [rank][source]: the shard records that rank holds (None: source already cached)
 
 
@@ -113,11 +117,18 @@ class RecipePreparer:
     `device` / `verifier_dtype` say where and in which precision the verifier computes features and
     regenerated replies; the compute dtype is part of the cache fingerprint (bf16 and fp32 features
     differ), the storage dtype is `settings.dtype`. `contract` says which hidden states the drafter
-    backbone reads (and is part of the fingerprint too).
+    backbone reads (and is part of the fingerprint too). `generation_engine` says what generates regenerated replies:
+    `transformers` (the loaded verifier's `generate`), `vllm` (a vLLM worker run by `engine_python`, else
+    $TAPS_ENGINE_PYTHON, else this python), or `auto`: vLLM where one is found and serves the verifier, else
+    transformers.
     """
 
     def __init__(self, recipe: Recipe, verifier: str, cache_root: Path | None = None, settings: CacheSettings = CacheSettings(),
-                 device: str = "auto", verifier_dtype: str = "auto", contract: FeatureContract = EAGLE_FEATURES):
+                 device: str = "auto", verifier_dtype: str = "auto", contract: FeatureContract = EAGLE_FEATURES,
+                 generation_engine: str = "auto", engine_python: str | None = None):
+        if generation_engine not in GENERATION_ENGINES:
+            raise TapsError(f"unknown generation engine {generation_engine!r}; use one of {', '.join(GENERATION_ENGINES)}")
+        self.generation_engine, self.engine_python = generation_engine, engine_python
         self.recipe = recipe
         self.verifier_name = verifier
         self.cache_root = Path(cache_root) if cache_root else default_cache_root()
@@ -136,6 +147,7 @@ class RecipePreparer:
             raise TapsError(f"recipe {recipe.name} has max_length {recipe.max_length} but verifier {verifier} has a context of "
                             f"{context} tokens (max_position_embeddings); set max_length <= {context} in the recipe")
         self.fingerprint = verifier_fingerprint(self.path, self.tokenizer)
+        self.stop_token_ids = files_stop_token_ids(files)
         self._verifier: LoadedVerifier | None = None
 
     @property
@@ -275,13 +287,38 @@ class RecipePreparer:
         return measure_throughput(self.verifier.model, self.contract, source.samples[: self.settings.shard_samples], self.pad_id, self.settings)
 
     def _regenerated(self, selected: SelectedSource, conversations: list[Conversation]) -> list[Conversation]:
-        from taps_train.data.regenerate import regenerate
+        """The source's conversations with the verifier's own replies, from the first engine of `_engine_pythons` that
+        starts (each engine's replies are a file of their own: engines sample differently)."""
+        *fallbacks, last = self._engine_pythons()
+        for python in fallbacks:
+            try:
+                return self._regenerated_by(python, selected, conversations)
+            except EngineUnavailable as err:
+                print(f"regeneration: {err}; regenerating with transformers instead", file=sys.stderr, flush=True)
+        return self._regenerated_by(last, selected, conversations)
+
+    def _engine_pythons(self) -> list[str | None]:
+        """The engines to try, in order: the python of a vLLM worker, or None for transformers."""
+        python = find_engine_python(self.engine_python) if self.generation_engine != "transformers" else None
+        if self.generation_engine == "vllm" and python is None:
+            raise TapsError("generation engine vllm: no python with vLLM found; pass engine_python (a venv from scripts/vllm-venv.sh), "
+                            f"set ${ENGINE_PYTHON_VARIABLE}, or use generation engine transformers")
+        vllm = [python] if python else []
+        return vllm if self.generation_engine == "vllm" else vllm + [None]
+
+    def _regenerated_by(self, python: str | None, selected: SelectedSource, conversations: list[Conversation]) -> list[Conversation]:
+        from taps_train.data.regenerate import regenerate, transformers_generator
 
         spec = selected.selection.regenerate
-        key = hashlib.sha256(json.dumps([self.fingerprint, selected.key, asdict(spec), self.recipe.max_length, self.placement.dtype_name],
-                                        sort_keys=True).encode()).hexdigest()[:16]
-        verifier = self.verifier
-        return regenerate(conversations, verifier.model, verifier.tokenizer, spec, self.recipe.max_length, self.cache_root / "regenerated" / f"{key}.jsonl")
+        # transformers' files keep the key they had before engines were a choice
+        parts = [self.fingerprint, selected.key, asdict(spec), self.recipe.max_length, self.placement.dtype_name] + (["vllm"] if python else [])
+        key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+        if python is None:
+            start = lambda: transformers_generator(self.verifier.model, self.verifier.tokenizer)()  # noqa: E731
+        else:
+            start = lambda: VllmGenerator(python, self.path, self.placement.dtype_name, self.recipe.max_length)  # noqa: E731
+        return regenerate(conversations, start, self.tokenizer, self.stop_token_ids, spec, self.recipe.max_length,
+                          self.cache_root / "regenerated" / f"{key}.jsonl", VllmGenerator.chunk if python else None)
 
 
 def _expected_files(sources: list[PreparedSource], shards: ShardsByRank, manifests: bool) -> list[tuple[Path, int | None, int]]:

@@ -6,10 +6,17 @@ so later prompts see the regenerated earlier replies. Results are cached as JSON
 conversation, appended chunk by chunk: an interrupted run resumes where it stopped, and each chunk has
 its own seed so the result does not depend on where it was interrupted. Two processes regenerating
 into one file take turns (a lock beside it): the second finds the replies done.
+
+The replies come from a `ReplyGenerator`: transformers' batched `generate` on the loaded verifier, or a serving
+engine (taps_train/engine/generation.py: vLLM), started only when something is left to regenerate.
 """
 
 import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -19,33 +26,87 @@ from taps_train.data.chat_format import render_chat
 from taps_train.data.conversation import Conversation
 from taps_train.data.locking import exclusive
 from taps_train.data.recipe import Regenerate
-from taps_train.verifier.generation import stop_token_ids
 
-CHUNK = 32
+CHUNK = 32  # conversations per chunk, by default: what a kill can lose (~30 s with transformers, fp32 SmolLM2 math on 2 cores)
+MAX_SEED = 2**63  # vLLM's per-request seeds go through torch.Generator.manual_seed
+
+
+class ReplyGenerator(Protocol):
+    name: str  # recorded in the key of the regenerated file: engines sample differently
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: list[int], temperature: float,
+                 seeds: list[int]) -> list[list[int]]:
+        """Each prompt's generated ids, greedy at temperature 0, else sampled (seeded per prompt where the engine can)."""
+
+
+class TransformersGenerator:
+    """The loaded verifier's batched `generate`, prompts left-padded; sampling draws from torch's global generator,
+    which `regenerate` seeds per chunk."""
+
+    name = "transformers"
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: list[int], temperature: float,
+                 seeds: list[int]) -> list[list[int]]:
+        encoded = self.tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0} if temperature > 0 else {"do_sample": False}
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (stop_token_ids or [None])[0]
+        output = self.model.generate(**encoded.to(self.model.device), max_new_tokens=max_new_tokens,
+                                     eos_token_id=stop_token_ids,  # the model's own end of turn (ChatML's <|im_end|>), not only its generation config's
+                                     pad_token_id=pad, **sampling)
+        return [_until_stop(row.tolist(), stop_token_ids) for row in output[:, encoded["input_ids"].shape[1]:]]
+
+
+def _until_stop(ids: list[int], stops: list[int]) -> list[int]:
+    """`ids` up to and including the first stop id (what follows it in a batch is padding)."""
+    for index, token in enumerate(ids):
+        if token in stops:
+            return ids[: index + 1]
+    return ids
 
 
 def regenerate(
     conversations: list[Conversation],
-    model: PreTrainedModel,
+    start_generator: Callable[[], AbstractContextManager[ReplyGenerator]],
     tokenizer: PreTrainedTokenizerBase,
+    stop_token_ids: list[int],
     spec: Regenerate,
     max_length: int,
     cache_file: Path,
+    chunk: int | None = None,
 ) -> list[Conversation]:
+    """The conversations with their assistant turns regenerated, read back from `cache_file` where a previous run
+    wrote them; `start_generator()` is entered only when some are left to do. `chunk` (default `CHUNK`): conversations
+    per batch, seed and write; a file is always written with one chunk size."""
+    chunk = chunk or CHUNK
     with exclusive(cache_file.with_name(cache_file.name + ".lock"), f"another regeneration into {cache_file}"):
-        return _regenerate_into(conversations, model, tokenizer, spec, max_length, cache_file)
+        done = _read_done(cache_file, conversations, chunk)
+        if len(done) == len(conversations):
+            return done
+        with start_generator() as generator:
+            return _regenerate_into(conversations, done, generator, tokenizer, stop_token_ids, spec, max_length, cache_file, chunk)
 
 
-def _regenerate_into(conversations: list[Conversation], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, spec: Regenerate,
-                     max_length: int, cache_file: Path) -> list[Conversation]:
-    """`regenerate`, with the lock of `cache_file` held."""
-    done = _read_done(cache_file, conversations)
-    kept = 0
-    with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc="regenerating replies", unit="conv") as bar:
-        for start in range(len(done), len(conversations), CHUNK):
-            torch.manual_seed(spec.seed * 1_000_003 + start)
-            originals = conversations[start : start + CHUNK]
-            chunk = _regenerate_chunk(originals, model, tokenizer, spec, max_length)
+def transformers_generator(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Callable[[], AbstractContextManager[ReplyGenerator]]:
+    """`regenerate`'s `start_generator` for a loaded model."""
+    return lambda: nullcontext(TransformersGenerator(model, tokenizer))
+
+
+def _regenerate_into(conversations: list[Conversation], done: list[Conversation], generator: ReplyGenerator,
+                     tokenizer: PreTrainedTokenizerBase, stops: list[int], spec: Regenerate, max_length: int,
+                     cache_file: Path, chunk_size: int) -> list[Conversation]:
+    """`regenerate` from `done` on, with the lock of `cache_file` held."""
+    kept, tokens, began = 0, 0, time.perf_counter()
+    with open(cache_file, "a") as out, tqdm(total=len(conversations), initial=len(done), desc=f"regenerating replies ({generator.name})",
+                                            unit="conv") as bar:
+        for start in range(len(done), len(conversations), chunk_size):
+            seed = (spec.seed * 1_000_003 + start) % MAX_SEED
+            torch.manual_seed(seed)
+            originals = conversations[start : start + chunk_size]
+            chunk, generated = _regenerate_chunk(originals, generator, tokenizer, stops, spec, max_length, seed)
+            tokens += generated
             # No reply could be generated (no user turn before any reply, or no room within max_length):
             # the conversation keeps its original text rather than leaving a hole in the sample positions.
             chunk = [new if new.messages else original for new, original in zip(chunk, originals)]
@@ -55,12 +116,13 @@ def _regenerate_into(conversations: list[Conversation], model: PreTrainedModel, 
             out.flush()
             done += chunk
             bar.update(len(chunk))
+            bar.set_postfix_str(f"{tokens / (time.perf_counter() - began):.0f} tokens/s")
     if kept:
         print(f"regeneration: {kept} conversations kept their original replies (no user turn before a reply, or no room for one within max_length)")
     return done[: len(conversations)]
 
 
-def _read_done(cache_file: Path, conversations: list[Conversation]) -> list[Conversation]:
+def _read_done(cache_file: Path, conversations: list[Conversation], chunk: int) -> list[Conversation]:
     """The valid records of a previous run, in order; reading stops at the first cut, damaged or foreign
     line, and the file is trimmed to what is kept (rewritten only then).
 
@@ -77,7 +139,7 @@ def _read_done(cache_file: Path, conversations: list[Conversation]) -> list[Conv
             break
         done.append(record)
     if len(done) < len(conversations):
-        done = done[: len(done) // CHUNK * CHUNK]
+        done = done[: len(done) // chunk * chunk]
     if len(done) != len(lines) - 1 or lines[-1]:
         cache_file.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in done))
     return done
@@ -97,11 +159,13 @@ def _record(line: str) -> Conversation | None:
 
 
 @torch.no_grad()
-def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int) -> list[Conversation]:
-    """Regenerate turn by turn across the chunk, batching every conversation waiting for a reply."""
+def _regenerate_chunk(chunk: list[Conversation], generator: ReplyGenerator, tokenizer: PreTrainedTokenizerBase, stops: list[int],
+                      spec: Regenerate, max_length: int, seed: int) -> tuple[list[Conversation], int]:
+    """Regenerate turn by turn across the chunk, batching every conversation waiting for a reply; also the number
+    of tokens generated."""
     messages = [[] for _ in chunk]
     finished = [False] * len(chunk)
-    stops = stop_token_ids(model, tokenizer)
+    generated = 0
     for turn in range(max(len(c.messages) for c in chunk)):
         waiting = []
         for i, conversation in enumerate(chunk):
@@ -112,27 +176,20 @@ def _regenerate_chunk(chunk, model, tokenizer, spec: Regenerate, max_length: int
                     waiting.append(i)
             else:
                 messages[i].append(conversation.messages[turn])
-        prompts = {i: render_chat(tokenizer, messages[i]) for i in waiting}
+        prompts = {i: tokenizer(render_chat(tokenizer, messages[i]), add_special_tokens=False)["input_ids"] for i in waiting}
         for i in waiting:  # no room left for a reply within max_length: the conversation ends here
-            if len(tokenizer(prompts[i], add_special_tokens=False)["input_ids"]) >= max_length - 1:
+            if len(prompts[i]) >= max_length - 1:
                 finished[i] = True
         waiting = [i for i in waiting if not finished[i]]
         if not waiting:
             continue
-        encoded = tokenizer([prompts[i] for i in waiting], add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
-        width = encoded["input_ids"].shape[1]
-        sampling = {"do_sample": True, "temperature": spec.temperature, "top_k": 0} if spec.temperature > 0 else {"do_sample": False}
-        output = model.generate(
-            **encoded.to(model.device),
-            max_new_tokens=min(spec.max_new_tokens, max_length - int(encoded["attention_mask"].sum(1).max())),
-            eos_token_id=stops,  # the model's own end of turn (ChatML's <|im_end|>), not only its generation config's
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [None])[0],
-            **sampling,
-        )
-        for row, i in enumerate(waiting):
-            reply = tokenizer.decode(output[row, width:], skip_special_tokens=True).strip()
-            messages[i].append({"role": "assistant", "content": reply})
-    return [Conversation(c.id, _ending_with_reply(m)) for c, m in zip(chunk, messages)]
+        budget = min(spec.max_new_tokens, max_length - max(len(prompts[i]) for i in waiting))
+        seeds = [(seed + turn * len(chunk) + i) % MAX_SEED for i in waiting]
+        replies = generator.generate([prompts[i] for i in waiting], budget, stops, spec.temperature, seeds)
+        for i, reply in zip(waiting, replies):
+            generated += len(reply)
+            messages[i].append({"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True).strip()})
+    return [Conversation(c.id, _ending_with_reply(m)) for c, m in zip(chunk, messages)], generated
 
 
 def _ending_with_reply(messages: list[dict]) -> list[dict]:

@@ -50,7 +50,8 @@ class _LoadAudit:
         self.dropped, self.unloaded = [], []
 
 
-def _configure_environment(request: dict) -> None:
+def configure_environment(request: dict) -> None:
+    """vLLM in this process, on the cores this process may use, offline (also the generation worker's)."""
     cpus = sorted(os.sched_getaffinity(0))
     threads = request["threads"] = min(int(request["threads"] or len(cpus)), len(cpus))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -148,7 +149,7 @@ def _progress(**fields) -> None:
 
 
 def serve(request: dict) -> dict:
-    _configure_environment(request)
+    configure_environment(request)
     collect = _Collect()
     logging.captureWarnings(True)
     for name in ("vllm", "py.warnings"):

@@ -15,8 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from transformers import GenerationConfig
-
 from taps_train.engine.agreement import chain_config
 from taps_train.engine.serve import ServedDraft, VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.errors import TapsError
@@ -26,8 +24,8 @@ from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
 from taps_train.export import export_eagle
 from taps_train.spec.baseline import top_two_gap
-from taps_train.verifier.generation import stop_token_ids_of
-from taps_train.verifier.loading import VerifierFiles, load_verifier, read_verifier_files, resolve_verifier_path
+from taps_train.verifier.generation import files_stop_token_ids
+from taps_train.verifier.loading import load_verifier, read_verifier_files, resolve_verifier_path
 
 VLLM_DTYPES = {"auto": "float32", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}  # auto: as on a CPU
 
@@ -52,7 +50,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
     version = vllm_version(options.engine_python)
     verifier_dir = str(resolve_verifier_path(options.verifier))
     files = read_verifier_files(verifier_dir)
-    eos = _stop_tokens(files)
+    eos = files_stop_token_ids(files)
     served = _served(options)
     k = options.speculative_tokens
     chain = chain_config(k)
@@ -87,15 +85,6 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
                     "load_problems": problems, "log": result["log"]},
         )
     return reports
-
-
-def _stop_tokens(files: VerifierFiles) -> list[int]:
-    """The verifier's stop tokens from its files (its generation config when it has one), without building it."""
-    try:
-        generation_config = GenerationConfig.from_pretrained(files.path)
-    except OSError:  # no generation_config.json
-        generation_config = None
-    return stop_token_ids_of(files.config, generation_config, files.tokenizer)
 
 
 def _served(options: argparse.Namespace) -> ServedDraft:

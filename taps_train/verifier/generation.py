@@ -6,10 +6,15 @@ model's generation config lists its end-of-sequence ids (Llama-3-Instruct: `<|en
 `<|im_end|>`) that decoding must stop at even when the configs forget it.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from taps_train.data.chat_format import end_of_turn_token, render_chat, vocabulary_id
+
+if TYPE_CHECKING:
+    from taps_train.verifier.loading import VerifierFiles
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -24,6 +29,15 @@ def stop_token_ids_of(config: PretrainedConfig, generation_config: GenerationCon
            vocabulary_id(tokenizer, tokenizer.eos_token), end_of_turn_token(tokenizer)]
     flat = [i for entry in ids for i in (entry if isinstance(entry, list) else [entry])]
     return sorted({int(i) for i in flat if i is not None and 0 <= int(i) < len(tokenizer)})
+
+
+def files_stop_token_ids(files: "VerifierFiles") -> list[int]:
+    """`stop_token_ids` from a verifier's files (its generation config when it has one), without building it."""
+    try:
+        generation_config = GenerationConfig.from_pretrained(files.path)
+    except OSError:  # no generation_config.json
+        generation_config = None
+    return stop_token_ids_of(files.config, generation_config, files.tokenizer)
 
 
 def greedy_reply(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
