@@ -104,7 +104,7 @@ def test_checkpoints_leave_the_frozen_verifier_parts_out(runs):
         client = torch.load(path, map_location="cpu", weights_only=True)
         assert not [k for k in client["module"] if "embed_tokens" in k or "lm_head" in k]
         assert not client.get("frozen_param_fragments")
-        assert set(client["taps"]) == {"drafter_config", "verifier"}
+        assert set(client["taps"]) == {"drafter_config", "verifier", "trained_tokens"}
     checkpoint = read_checkpoint(runs["straight"] / "last.ckpt")
     assert sorted(checkpoint["state_dict"]) == sorted(f"drafter.{n}" for n, p in _module(runs).drafter.named_parameters() if p.requires_grad)
 

@@ -89,6 +89,7 @@ class DrafterModule(LightningModule, ABC):
         self.drafter = self.make_drafter(files.config)
         self.drafter.use_verifier_parts(*files.read_parts())
         self._verifier: LoadedVerifier | None = None  # the full verifier, loaded on first need (online, τ callback)
+        self._trained_tokens: int | torch.Tensor = 0  # this rank's training tokens (padding excluded); a tensor, so no step waits on it
         if init_from:
             self._warm_start(init_from)
 
@@ -154,6 +155,7 @@ class DrafterModule(LightningModule, ABC):
     # --- steps -------------------------------------------------------------------------------------
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self._trained_tokens = self._trained_tokens + batch["attention_mask"].sum()
         loss, logs = self.step_losses(batch, train=True)
         if not torch.isfinite(loss):
             raise TapsError(
@@ -196,10 +198,24 @@ class DrafterModule(LightningModule, ABC):
         # state_dict and saves its engine's module instead, so `setup` turns on its exclude-frozen option.
         for name in self.drafter.frozen_parameter_names():
             checkpoint["state_dict"].pop(f"drafter.{name}", None)
-        checkpoint["taps"] = {"drafter_config": self.drafter.config.to_dict(), "verifier": self.verifier_fingerprint}
+        checkpoint["taps"] = {"drafter_config": self.drafter.config.to_dict(), "verifier": self.verifier_fingerprint,
+                              "trained_tokens": self.trained_tokens()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._check_compatible(checkpoint, "checkpoint")
+        tokens = checkpoint["taps"].get("trained_tokens", 0)  # older checkpoints did not count
+        if type(tokens) is not int or tokens < 0:
+            raise TapsError(f"checkpoint: taps.trained_tokens is {tokens!r}, not a token count; the checkpoint is damaged "
+                            "(resume from another, or start the run again)")
+        self._trained_tokens = tokens // self._world_size()
+
+    def trained_tokens(self) -> int:
+        """Tokens (padding excluded) this run has trained on so far, over all ranks (each rank counts its own batches,
+        assumed as large as the others'): the x axis of a learning curve (bench/learning_curves.py)."""
+        return int(self._trained_tokens) * self._world_size()
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Checkpoints leave out the frozen verifier parts: this module's own stand in for them, so loading
