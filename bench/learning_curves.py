@@ -1,0 +1,291 @@
+"""Learning curves of a drafter recipe: τ against the tokens it trained on and against its distinct training samples.
+
+One long run per training-set size (the first N conversations of one recipe: prefixes, so every size reads the same
+regenerated replies and feature cache), checkpoints kept along it, every checkpoint evaluated as a user would
+(`taps-train eval`: `--tree auto` with its speedup, chains in vLLM, ...), each point with its bootstrap interval. The
+report (markdown + PNG) says what a log-linear fit of τ over the training-set size predicts at 10x and 100x the data.
+
+Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
+repository), and every evaluation is a record of its own under `<out>/records/` (committed), so a fresh clone
+finds the evaluated points done and writes the same report (`--report-only` never trains or evaluates).
+
+    python bench/learning_curves.py --config bench/curves/smol_eagle2_math.yaml [--report-only] [--engine-python .vllm/bin/python]
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from taps_train.errors import TapsError
+from taps_train.home import taps_home
+from taps_train.user_yaml import read_yaml
+
+CHECKPOINT_CALLBACKS = ("taps_train.training.checkpointing.LastCheckpoint", "taps_train.training.checkpointing.RunCheckpoint")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One way of measuring a checkpoint: `taps-train eval` options, at the run's steps `at` (None: every step)."""
+
+    name: str
+    args: list[str]
+    at: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Curves:
+    name: str
+    fit_config: str  # a `taps-train fit` config: model, optimizer, batches; its recipe, steps and folders are replaced
+    recipe: str  # a one-source recipe; size N trains on its first N conversations
+    samples: list[int]  # training-set sizes, one run each, in this order
+    steps: list[int]  # checkpoints evaluated along every run; the last is the run's length (and its schedule's)
+    evaluations: list[Evaluation]
+    verifier: str
+    out: str
+
+    @classmethod
+    def read(cls, path: str) -> "Curves":
+        raw = read_yaml(path, "learning-curve config", "see bench/curves/*.yaml")
+        try:
+            evaluations = [Evaluation(name, [str(a) for a in spec["args"]], spec.get("at")) for name, spec in raw.pop("evaluations").items()]
+            curves = cls(evaluations=evaluations, **raw)
+        except (AttributeError, KeyError, TypeError) as err:
+            raise TapsError(f"learning-curve config {path}: {err}; see bench/curves/*.yaml for the fields") from err
+        if len(set(curves.samples)) != len(curves.samples) or min(curves.samples) < 1:
+            raise TapsError(f"learning-curve config {path}: samples must be distinct positive counts (runs go in their order)")
+        if sorted(set(curves.steps)) != curves.steps or min(curves.steps) < 1:
+            raise TapsError(f"learning-curve config {path}: steps must be increasing positive counts")
+        return curves
+
+    def run_dir(self, samples: int) -> Path:
+        return taps_home() / "curves" / self.name / f"n{samples}"
+
+    def record_path(self, samples: int, step: int, evaluation: Evaluation) -> Path:
+        return Path(self.out) / "records" / f"n{samples}_step{step}_{evaluation.name}.json"
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step={step}.ckpt"
+
+
+# --- training --------------------------------------------------------------------------------------------------------
+
+
+def write_run_files(curves: Curves, samples: int) -> Path:
+    """The recipe of the first `samples` conversations and the fit config of that run, in its folder; the config's path."""
+    run_dir = curves.run_dir(samples)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe = read_yaml(curves.recipe, "recipe", "pass a one-source recipe")
+    if len(recipe.get("sources") or []) != 1:
+        raise TapsError(f"recipe {curves.recipe}: a learning curve needs a recipe of one source, it has {len(recipe.get('sources') or [])}")
+    if samples > recipe["sources"][0]["count"]:
+        raise TapsError(f"recipe {curves.recipe} holds {recipe['sources'][0]['count']} training conversations, fewer than {samples}")
+    recipe["sources"][0]["count"] = samples
+    recipe["name"] = f"{recipe['name']}_n{samples}"
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+    config = read_yaml(curves.fit_config, "fit config", "pass a taps-train fit config")
+    last, every = curves.steps[-1], math.gcd(*curves.steps)
+    trainer = config["trainer"]
+    trainer.update(max_steps=last, val_check_interval=last, check_val_every_n_epoch=None, default_root_dir=str(run_dir))
+    trainer["logger"]["init_args"]["save_dir"] = str(run_dir)
+    callbacks = [c for c in trainer.get("callbacks", []) if c["class_path"] not in CHECKPOINT_CALLBACKS]
+    callbacks.append({"class_path": CHECKPOINT_CALLBACKS[0], "init_args": {"dirpath": str(run_dir), "filename": "{step}",
+                                                                           "every_n_train_steps": every, "save_last": True, "save_top_k": -1}})
+    trainer["callbacks"] = callbacks
+    config["model"]["init_args"]["verifier"] = curves.verifier
+    config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
+    (run_dir / "fit.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return run_dir / "fit.yaml"
+
+
+def train(curves: Curves, samples: int) -> None:
+    """Fit the run of `samples` conversations to its last step, resuming from its last checkpoint."""
+    run_dir = curves.run_dir(samples)
+    if all(checkpoint_path(run_dir, step).exists() for step in curves.steps):
+        return
+    command = ["taps-train", "fit", "--config", str(write_run_files(curves, samples))]
+    if (run_dir / "last.ckpt").exists():
+        command += ["--ckpt_path", str(run_dir / "last.ckpt")]
+    print(f"[curves] n={samples}: {' '.join(command)}", flush=True)
+    subprocess.run(command, check=True)
+
+
+# --- evaluation ------------------------------------------------------------------------------------------------------
+
+
+def trained_tokens(checkpoint: Path) -> int:
+    import torch
+
+    return int(torch.load(checkpoint, map_location="cpu", weights_only=True)["taps"]["trained_tokens"])
+
+
+def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, engine_python: str | None) -> None:
+    """One record: the eval report of the checkpoint at `step` of run `samples`, measured `evaluation`'s way."""
+    record = curves.record_path(samples, step, evaluation)
+    if record.exists():
+        return
+    checkpoint = checkpoint_path(curves.run_dir(samples), step)
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(scratch) / "report.json"
+        command = ["taps-train", "eval", "--drafters", str(checkpoint), "--verifier", curves.verifier, "--temperatures", "0",
+                   *evaluation.args, "--output", str(output)]
+        if "vllm" in evaluation.args and engine_python:
+            command += ["--engine-python", engine_python]
+        print(f"[curves] n={samples} step {step} {evaluation.name}: {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True)
+        [written] = Path(scratch).glob("report*.json")
+        report = json.loads(written.read_text())
+    record.parent.mkdir(parents=True, exist_ok=True)
+    body = {"samples": samples, "step": step, "trained_tokens": trained_tokens(checkpoint), "evaluation": evaluation.name,
+            "eval_args": evaluation.args, "report": report}
+    partial = record.with_suffix(".partial")
+    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, record)
+
+
+# --- report ----------------------------------------------------------------------------------------------------------
+
+
+def read_records(curves: Curves) -> list[dict]:
+    found = []
+    for samples in curves.samples:
+        for step in curves.steps:
+            for evaluation in curves.evaluations:
+                path = curves.record_path(samples, step, evaluation)
+                if path.exists():
+                    found.append(json.loads(path.read_text()))
+    return found
+
+
+def log_linear_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(a, b) of τ = a + b log10(N) by least squares over (N, τ); None below two sizes."""
+    if len({n for n, _ in points}) < 2:
+        return None
+    xs, ys = [math.log10(n) for n, _ in points], [tau for _, tau in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def _interval(values: list[float] | None) -> str:
+    return f"[{values[0]:.2f}, {values[1]:.2f}]" if values else ""
+
+
+def write_report(curves: Curves, records: list[dict]) -> Path:
+    out = Path(curves.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Learning curves: {curves.name}", "",
+             f"Fit config `{curves.fit_config}` on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
+             f"checkpoints at steps {curves.steps}; τ at T=0 with 95% bootstrap intervals over prompts. Reproduce: "
+             f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
+    benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
+    for evaluation in curves.evaluations:
+        rows = [r for r in records if r["evaluation"] == evaluation.name]
+        if not rows:
+            continue
+        lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", "",
+                  "| samples | step | trained tokens | " + " | ".join(f"{b} τ | {b} speedup" for b in benchmarks) + " |",
+                  "| --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
+        for r in sorted(rows, key=lambda r: (r["samples"], r["step"])):
+            cells = []
+            for b in benchmarks:
+                result = r["report"]["benchmarks"].get(b)
+                if result is None:
+                    cells += ["", ""]
+                    continue
+                speedup = result.get("speedup")
+                cells += [f"{result['acceptance_length']:.2f} {_interval(result.get('tau_ci95'))}",
+                          f"{speedup:.2f}x {_interval(result.get('speedup_ci95'))}" if speedup else ""]
+            lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for b in benchmarks:
+            last = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in rows
+                    if r["step"] == curves.steps[-1] and b in r["report"]["benchmarks"]]
+            fit = log_linear_fit(last)
+            if fit:
+                largest = max(n for n, _ in last)
+                predict = {k: fit[0] + fit[1] * math.log10(k * largest) for k in (10, 100)}
+                lines.append(f"- {b}: τ = {fit[0]:.2f} + {fit[1]:.3f} log10(N) over N = {sorted(n for n, _ in last)} at step "
+                             f"{curves.steps[-1]:,}; at 10x the data ({10 * largest:,}) it predicts τ {predict[10]:.2f}, at 100x "
+                             f"{predict[100]:.2f} (a log-linear extrapolation: curves bend down as they near the tree's ceiling, "
+                             "so read these as upper estimates, and only at this many steps)")
+        lines.append("")
+        plot(curves, evaluation, rows, benchmarks, out)
+        lines += [f"![τ against trained tokens]({evaluation.name}_tau_vs_tokens.png)",
+                  f"![τ against distinct samples]({evaluation.name}_tau_vs_samples.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def errorbar(axis, xs, results, label):
+        taus = [r["acceptance_length"] for r in results]
+        low = [t - (r.get("tau_ci95") or [t, t])[0] for t, r in zip(taus, results)]
+        high = [(r.get("tau_ci95") or [t, t])[1] - t for t, r in zip(taus, results)]
+        axis.errorbar(xs, taus, yerr=[low, high], marker="o", capsize=3, label=label)
+
+    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
+    for axis, b in zip(axes[0], benchmarks):
+        for samples in curves.samples:
+            run = sorted((r for r in rows if r["samples"] == samples and b in r["report"]["benchmarks"]), key=lambda r: r["step"])
+            if run:
+                errorbar(axis, [r["trained_tokens"] for r in run], [r["report"]["benchmarks"][b] for r in run], f"N = {samples:,}")
+        axis.set(xscale="log", xlabel="trained tokens", ylabel="τ (T=0)", title=b)
+        axis.legend()
+    figure.suptitle(f"{curves.name}, {evaluation.name}: τ against trained tokens")
+    figure.tight_layout()
+    figure.savefig(out / f"{evaluation.name}_tau_vs_tokens.png", dpi=110)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
+    for axis, b in zip(axes[0], benchmarks):
+        for step in curves.steps:
+            points = sorted((r for r in rows if r["step"] == step and b in r["report"]["benchmarks"]), key=lambda r: r["samples"])
+            if points:
+                errorbar(axis, [r["samples"] for r in points], [r["report"]["benchmarks"][b] for r in points], f"step {step:,}")
+        axis.set(xscale="log", xlabel="distinct training samples N", ylabel="τ (T=0)", title=b)
+        axis.legend()
+    figure.suptitle(f"{curves.name}, {evaluation.name}: τ against distinct samples")
+    figure.tight_layout()
+    figure.savefig(out / f"{evaluation.name}_tau_vs_samples.png", dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--report-only", action="store_true", help="write the report from the records; train and evaluate nothing")
+    parser.add_argument("--engine-python", default=os.environ.get("TAPS_ENGINE_PYTHON"), help="a python with vLLM, for vLLM evaluations")
+    args = parser.parse_args()
+    try:
+        curves = Curves.read(args.config)
+        if not args.report_only:
+            for samples in curves.samples:
+                train(curves, samples)
+                for step in curves.steps:
+                    for evaluation in curves.evaluations:
+                        if evaluation.at is None or step in evaluation.at:
+                            evaluate(curves, samples, step, evaluation, args.engine_python)
+                write_report(curves, read_records(curves))
+        print(f"[curves] report: {write_report(curves, read_records(curves))}")
+    except TapsError as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()
