@@ -277,7 +277,7 @@ def main() -> None:
         if not args.report_only:
             for samples in curves.samples:
                 train(curves, samples)
-                for step in curves.steps:
+                for step in reversed(curves.steps):  # the trained drafter first: the point a user wants most
                     for evaluation in curves.evaluations:
                         if evaluation.at is None or step in evaluation.at:
                             evaluate(curves, samples, step, evaluation, args.engine_python)

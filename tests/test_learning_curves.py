@@ -99,3 +99,12 @@ def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
     config.write_text(yaml.safe_dump(raw))
     with pytest.raises(SystemExit, match=message):
         run(config, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "curves").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_curve_configs_name_real_configs_and_fit_their_recipes(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    curves = curves_module.Curves.read(str(path))
+    assert Path(curves.fit_config).is_file()
+    [source] = yaml.safe_load(Path(curves.recipe).read_text())["sources"]
+    assert max(curves.samples) <= source["count"] and "regenerate" in source  # the verifier's own replies, at every size
