@@ -6,7 +6,8 @@
 
 Methods run one after another on every prompt, the order rotating per prompt so that the machine's drift
 cancels; every output is compared with HF greedy's token for token. Prints tokens/s per benchmark and method,
-the ratio to HF greedy, and whether the outputs were identical.
+the ratio to HF greedy, whether the outputs were identical, and the complete T=0 check of every output (every token the
+verifier's argmax after the tokens before it, or tied with it within its dtype's rounding: those counted).
 
     python bench/speedup.py --drafters checkpoints/smol_eagle2_math/best.ckpt checkpoints/smol_eagle3_math/best.ckpt
     python bench/speedup.py --device cuda --verifier-dtype bfloat16 --drafters ...   # the GPU path (bench/gpu_smoke.sh)
@@ -24,6 +25,7 @@ from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.spec.calibrate import calibrate_tree
 from taps_train.spec.decoder import SpeculativeDecoder
+from taps_train.spec.greedy_check import check_greedy_reply, not_lossless
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
@@ -92,7 +94,7 @@ def main() -> None:
         method(next(iter(benchmarks.values()))[0][:64])
     tokens = defaultdict(int)
     seconds = defaultdict(float)
-    identical = defaultdict(int)
+    identical, ties, checked = defaultdict(int), defaultdict(int), defaultdict(int)
     for name, prompts in benchmarks.items():
         for index, ids in enumerate(prompts):
             order = names[index % len(names):] + names[: index % len(names)]
@@ -102,17 +104,23 @@ def main() -> None:
                 outputs[method] = methods[method](ids)
                 seconds[name, method] += time.perf_counter() - began
                 tokens[name, method] += len(outputs[method])
-            for method in names:
+            for method in names:  # untimed: the complete T=0 check of every method's output (ties counted, a divergence stops)
                 identical[name, method] += outputs[method] == outputs["HF greedy"]
+                check = check_greedy_reply(model, ids, outputs[method], set(eos), args.max_new_tokens)
+                if check.divergence is not None:
+                    raise not_lossless(f"{name}, prompt {index + 1}", method, check.divergence)
+                ties[name, method] += check.ties
+                checked[name, method] += check.tokens
 
     width = max(map(len, names))
     for name, prompts in benchmarks.items():
         greedy = tokens[name, "HF greedy"] / seconds[name, "HF greedy"]
         print(f"\n{name} ({len(prompts)} prompts)")
-        print(f"  {'method':<{width}}  tokens/s  vs HF greedy  output = HF greedy")
+        print(f"  {'method':<{width}}  tokens/s  vs HF greedy  output = HF greedy  near-tie tokens (complete check)")
         for method in names:
             rate = tokens[name, method] / seconds[name, method]
-            print(f"  {method:<{width}}  {rate:8.2f}  {rate / greedy:10.2f}x  {identical[name, method]}/{len(prompts)}")
+            print(f"  {method:<{width}}  {rate:8.2f}  {rate / greedy:10.2f}x  {identical[name, method]:>8}/{len(prompts):<8}"
+                  f"  {ties[name, method]}/{checked[name, method]}")
 
 
 if __name__ == "__main__":

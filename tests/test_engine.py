@@ -112,12 +112,13 @@ def test_taps_chains_reconstruct_taps_trains_own_rounds(verifier):
 def test_benchmark_result_from_worker_counters():
     tokens = list(range(10, 40))
     records = [worker_prompt(tokens, [[11, 12, 99], [14, 98, 97], [16, 17, 18]], 3)]
-    result = benchmark_result(records, k=3, wall_time_s=5.0, greedy_ties=0)
+    result = benchmark_result(records, k=3, wall_time_s=5.0, greedy_check=(0, len(tokens)))
     assert result.verify_calls == 3 and result.new_tokens == 2 + 1 + 3 + 3 and result.acceptance_length == pytest.approx(9 / 3)
     assert result.accept_rate_by_depth == pytest.approx((3 / 3, 2 / 3, 1 / 2))  # position i given positions < i accepted
     assert result.mean_tree_tokens == 4 and result.speedup == pytest.approx(2.0) and result.identical_to_greedy
+    assert (result.greedy_ties, result.greedy_checked_tokens) == (0, len(tokens))
     records[0]["tokens"] = tokens[:-1] + [0]
-    assert not benchmark_result(records, 3, 5.0, 0).identical_to_greedy
+    assert not benchmark_result(records, 3, 5.0, (0, len(tokens))).identical_to_greedy
     del records[0]["baseline_tokens"], records[0]["baseline_seconds"]
     plain = benchmark_result(records, 3, 5.0, None)
     assert plain.speedup is None and plain.identical_to_greedy is None and plain.tokens_per_s == pytest.approx(30.0)

@@ -115,8 +115,9 @@ def run_eval(args: list[str]) -> None:
         }
         for name, result in results.items():
             if result.greedy_ties:
-                print(f"{name} T=0: {result.greedy_ties} of {result.prompts} outputs parted from plain greedy decoding at near-ties of the "
-                      f"verifier's logits ({verifier.model.dtype} rounding flips them); --verifier-dtype float32 gives token-identical outputs")
+                print(f"{name} T=0: {result.greedy_ties} of {result.greedy_checked_tokens} tokens were near-ties of the verifier's logits "
+                      f"({verifier.model.dtype} rounding flips them), every other token its argmax; --verifier-dtype float32 gives "
+                      "token-identical outputs")
         reports[temperature] = EvalReport(
             verifier=options.verifier,
             drafters=tuple(options.drafters),

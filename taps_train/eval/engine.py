@@ -23,7 +23,7 @@ from taps_train.eval.evaluate import first_turn_ids
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
 from taps_train.export import export_eagle
-from taps_train.spec.baseline import top_two_gap
+from taps_train.spec.greedy_check import ReplyCheck, check_greedy_reply, not_lossless, too_many_ties
 from taps_train.verifier.generation import files_stop_token_ids
 from taps_train.verifier.loading import load_verifier, read_verifier_files, resolve_verifier_path
 
@@ -57,7 +57,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
     ids = {name: [first_turn_ids(files.tokenizer, prompt) for prompt in prompts] for name, prompts in benchmarks.items()}
     flat = [prompt for prompts in ids.values() for prompt in prompts]
     print(f"vLLM {version}: serving {served.model} (method {served.method}, chains of {k}) on {len(flat)} opening turns")
-    reports = {}
+    reports, verifier = {}, {}  # verifier: the HF model of the T=0 check, loaded on first need
     for temperature in options.temperatures:
         request = VllmRequest(verifier=verifier_dir, dtype=VLLM_DTYPES[options.verifier_dtype], prompts=flat,
                               max_new_tokens=options.max_new_tokens, stop_token_ids=eos, draft=served, temperature=temperature, baseline=options.baseline,
@@ -73,8 +73,8 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
         for name, prompts in ids.items():
             records = result["prompts"][start:start + len(prompts)]
             start += len(prompts)
-            ties = _greedy_ties(options, records, prompts, name) if temperature == 0 and options.baseline else None
-            results[name] = benchmark_result(records, k, seconds * len(prompts) / len(flat), ties)
+            check = _greedy_check(options, records, prompts, name, eos, verifier) if temperature == 0 and options.baseline else None
+            results[name] = benchmark_result(records, k, seconds * len(prompts) / len(flat), check)
         reports[temperature] = EvalReport(
             verifier=options.verifier, drafters=tuple(options.drafters), strategy="single", temperature=temperature,
             tree=TreeShape(chain.total_tokens, chain.depth, chain.top_k), benchmarks=results,
@@ -98,8 +98,9 @@ def _served(options: argparse.Namespace) -> ServedDraft:
     return served_draft(directory, options.speculative_tokens)
 
 
-def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_ties: int | None) -> BenchmarkResult:
-    """A benchmark's report entry from the worker's per-prompt records (with the plain decoding of each prompt)."""
+def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_check: tuple[int, int] | None) -> BenchmarkResult:
+    """A benchmark's report entry from the worker's per-prompt records (with the plain decoding of each prompt);
+    `greedy_check`: (ties, tokens checked) of the complete T=0 check, None where it did not run."""
     steps = [r["spec"]["drafts"] for r in records]
     emitted = [r["spec"]["accepted_tokens"] + r["spec"]["drafts"] for r in records]
     by_position = [sum(r["spec"]["accepted_per_position"][i] for r in records if i < len(r["spec"]["accepted_per_position"])) for i in range(k)]
@@ -112,8 +113,9 @@ def benchmark_result(records: list[dict], k: int, wall_time_s: float, greedy_tie
         draft_entropy=None, draft_confidence=None, wall_time_s=round(wall_time_s, 3),
         prompt_new_tokens=tuple(emitted), prompt_verify_calls=tuple(steps),
         tau_ci95=tau_interval(PromptCounts(emitted, steps)) if sum(steps) else None,
-        identical_to_greedy=None if greedy_ties is None else all(r["tokens"] == r["baseline_tokens"] for r in records),
-        greedy_ties=greedy_ties, **speed.report_fields(baseline=bool(speed.baseline_tokens)),
+        identical_to_greedy=None if greedy_check is None else all(r["tokens"] == r["baseline_tokens"] for r in records),
+        greedy_ties=None if greedy_check is None else greedy_check[0], greedy_checked_tokens=None if greedy_check is None else greedy_check[1],
+        **speed.report_fields(baseline=bool(speed.baseline_tokens)),
     )
 
 
@@ -125,21 +127,27 @@ def worker_speeds(records: list[dict]) -> PromptSpeeds:
     return speeds
 
 
-def _greedy_ties(options: argparse.Namespace, records: list[dict], prompts: list[list[int]], benchmark: str) -> int:
-    """Prompts whose output with the draft parted from vLLM's plain greedy output where the verifier's two best logits
-    are tied within its dtype's rounding (checked with the verifier loaded here, only when outputs differ). Parting
-    elsewhere is printed: vLLM was not lossless there."""
-    ties, model = 0, None
+def _greedy_check(options: argparse.Namespace, records: list[dict], prompts: list[list[int]], benchmark: str, eos: list[int],
+                  verifier: dict) -> tuple[int, int]:
+    """(ties, tokens checked): the complete T=0 check (greedy_check) of every output vLLM decoded with the draft, and of
+    its plain output where the two differ, by the verifier loaded here once (`verifier` holds it across benchmarks).
+    A divergence, or more ties than rounding explains, is an error: vLLM was not lossless there."""
+    if "model" not in verifier:
+        verifier["model"] = load_verifier(options.verifier, options.device, VLLM_DTYPES[options.verifier_dtype]).model
+    def checked(prompt: list[int], reply: list[int], where: str, decoding: str) -> ReplyCheck:
+        check = check_greedy_reply(verifier["model"], prompt, reply, set(eos), options.max_new_tokens)
+        if check.divergence is not None:
+            raise not_lossless(where, decoding, check.divergence)
+        return check
+
+    ties = tokens = 0
     for index, (record, prompt) in enumerate(zip(records, prompts)):
-        ours, plain = record["tokens"], record["baseline_tokens"]
-        if ours == plain:
-            continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, plain)) if a != b), min(len(ours), len(plain)))
-        model = model or load_verifier(options.verifier, options.device, VLLM_DTYPES[options.verifier_dtype]).model
-        gap, tolerance = top_two_gap(model, prompt + plain[:at])
-        if gap <= tolerance:
-            ties += 1
-        else:
-            print(f"{benchmark}, prompt {index + 1}: vLLM with the draft parted from its plain greedy output at new token {at + 1} "
-                  f"where the verifier's top-2 logit gap is {gap:.4g} (beyond rounding, {tolerance:.2g}): not lossless")
-    return ties
+        where = f"benchmark {benchmark}, prompt {index + 1}"
+        draft = checked(prompt, record["tokens"], where, "vLLM with the draft")
+        ties, tokens = ties + draft.ties, tokens + draft.tokens
+        if record["baseline_tokens"] != record["tokens"]:
+            checked(prompt, record["baseline_tokens"], where, "vLLM's plain decoding")
+    problem = too_many_ties(f"benchmark {benchmark} (vLLM)", ties, tokens)
+    if problem:
+        raise problem
+    return ties, tokens

@@ -16,7 +16,8 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
-from taps_train.spec.baseline import plain_generate, top_two_gap
+from taps_train.spec.baseline import plain_generate
+from taps_train.spec.greedy_check import check_greedy_reply, not_lossless, too_many_ties
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
 
 
@@ -41,8 +42,10 @@ class BenchmarkTally:
     label: str = ""
     max_new_tokens: int = 0
     baseline: bool = False  # prompts are also decoded plainly, for the speedup
-    greedy_compared: int = 0  # prompts whose T=0 output was compared with plain greedy decoding
-    greedy_ties: int = 0  # ... and parted from it at a near-tie of the verifier's logits (low-precision rounding)
+    greedy_compared: int = 0  # prompts whose T=0 output was checked (greedy_check) and compared with plain greedy decoding
+    greedy_parted: int = 0  # ... whose output was not plain greedy decoding's (they parted at a near-tie)
+    greedy_checked_tokens: int = 0  # tokens the complete check went over
+    greedy_ties: int = 0  # ... that were tied with the verifier's argmax within rounding, not the argmax
 
     def add_prompt(self, generations: list[Generation], seconds: float) -> None:
         """One decoded prompt (its turns' generations and the seconds they took), the unit intervals resample."""
@@ -111,8 +114,12 @@ class BenchmarkTally:
         """Tokens/s of speculative decoding, and with a baseline its plain decoding's and the speedup with its interval."""
         fields = self.speed.report_fields(self.baseline)
         if self.greedy_compared:
-            fields["identical_to_greedy"] = self.greedy_ties == 0
+            problem = too_many_ties(f"benchmark {self.label or '(unnamed)'}", self.greedy_ties, self.greedy_checked_tokens)
+            if problem:
+                raise problem
+            fields["identical_to_greedy"] = self.greedy_parted == 0
             fields["greedy_ties"] = self.greedy_ties
+            fields["greedy_checked_tokens"] = self.greedy_checked_tokens
         return fields
 
 
@@ -166,8 +173,8 @@ def run_benchmark(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBas
     """Decode every prompt (multi-turn prompts turn by turn, each later turn after the model's answer).
 
     With `baseline`, every prompt is also decoded by plain autoregressive decoding of the same verifier, the
-    order alternating per prompt so that drift of the machine's speed cancels; at T=0 the two outputs are compared
-    token for token (`_same_as_greedy`). The bar counts tokens against a budget of `max_new_tokens` per turn and decoding.
+    order alternating per prompt so that drift of the machine's speed cancels; at T=0 the output is
+    checked token by token (`_check_lossless`). The bar counts tokens against a budget of `max_new_tokens` per turn and decoding.
     """
     tally = BenchmarkTally(label=label, max_new_tokens=max_new_tokens, baseline=baseline)
     began = time.perf_counter()
@@ -231,8 +238,7 @@ def _decode_prompt(decoder: SpeculativeDecoder, tokenizer: PreTrainedTokenizerBa
     if tally.baseline:
         tally.add_baseline(sum(map(len, runs[plain].replies)), runs[plain].seconds)
         if decoder.temperature == 0:
-            tally.greedy_compared += 1
-            tally.greedy_ties += not _same_as_greedy(decoder.verifier, runs[speculative], runs[plain], tally.label, prompt)
+            _check_lossless(decoder, runs[speculative], runs[plain], tally, prompt)
 
 
 def _decode_turns(tokenizer: PreTrainedTokenizerBase, turns: list[str], decode: Callable[[list[int], int], list[int]]) -> Turns:
@@ -248,23 +254,26 @@ def _decode_turns(tokenizer: PreTrainedTokenizerBase, turns: list[str], decode: 
     return done
 
 
-def _same_as_greedy(model, speculative: Turns, plain: Turns, label: str, prompt: Prompt) -> bool:
-    """At T=0 speculative decoding is lossless only if it reproduces plain greedy decoding token for token. True when it
-    does; False when the two part where the verifier's two best logits are tied within its dtype's rounding (a tree
-    call and a one-token call round differently, so low precision flips such ties: numerics, not a decoding error).
-    Parting anywhere else is an error naming the prompt."""
-    for turn, (ours, reference) in enumerate(zip(speculative.replies, plain.replies)):
-        if ours == reference:
-            continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
-        gap, tolerance = top_two_gap(model, plain.inputs[turn] + reference[:at])
-        if gap <= tolerance:
-            return False
-        got = ours[at] if at < len(ours) else "end"
-        want = reference[at] if at < len(reference) else "end"
-        raise TapsError(
-            f"benchmark {label or '(unnamed)'}, prompt {prompt.id!r}, turn {turn + 1}: speculative decoding at T=0 differs from plain "
-            f"greedy decoding of the verifier at new token {at + 1} (token {got} instead of {want}) where the verifier's top-2 logit gap "
-            f"is {gap:.4g}, beyond its dtype's rounding ({tolerance:.2g}): the output is not lossless; please report it with this prompt"
-        )
-    return True
+def _check_lossless(decoder: SpeculativeDecoder, speculative: Turns, plain: Turns, tally: BenchmarkTally, prompt: Prompt) -> None:
+    """At T=0: every token of every turn of the speculative output passes the complete check (greedy_check), its ties
+    counted in `tally`; where it is not plain greedy decoding's output, the plain output must pass too (a baseline
+    that is not greedy makes the reference and every speedup wrong). A divergence is an error naming the prompt."""
+    where = f"benchmark {tally.label or '(unnamed)'}, prompt {prompt.id!r}"
+    tally.greedy_compared += 1
+    tokens, ties = _check_turns(decoder, speculative, tally.max_new_tokens, where, "speculative decoding")
+    tally.greedy_checked_tokens += tokens
+    tally.greedy_ties += ties
+    if speculative.replies != plain.replies:
+        tally.greedy_parted += 1
+        _check_turns(decoder, plain, tally.max_new_tokens, where, "plain decoding")
+
+
+def _check_turns(decoder: SpeculativeDecoder, turns: Turns, max_new_tokens: int, where: str, decoding: str) -> tuple[int, int]:
+    """(tokens checked, ties) over every turn of one decoding; raises at a divergence."""
+    tokens = ties = 0
+    for turn, (inputs, reply) in enumerate(zip(turns.inputs, turns.replies)):
+        check = check_greedy_reply(decoder.verifier, inputs, reply, decoder.eos, max_new_tokens)
+        if check.divergence is not None:
+            raise not_lossless(f"{where}, turn {turn + 1}", decoding, check.divergence)
+        tokens, ties = tokens + check.tokens, ties + check.ties
+    return tokens, ties

@@ -49,8 +49,11 @@ class BenchmarkResult:
     `tokens_per_s` counts every emitted token over the seconds spent decoding (prefills included). With a baseline
     (`taps-train eval` without `--no-baseline`) the same prompts' plain decoding gives `baseline_tokens_per_s`,
     `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts). At T=0 `identical_to_greedy` says
-    whether every output equalled plain greedy decoding; `greedy_ties` counts the prompts that parted from it at a
-    near-tie of the verifier's logits (low-precision rounding; parting elsewhere stops the eval).
+    whether every output equalled plain greedy decoding, and the complete check (taps_train/spec/greedy_check.py) went
+    over `greedy_checked_tokens` tokens of every turn, of which `greedy_ties` were not the verifier's argmax but tied
+    with it within its dtype's rounding (any other token, or more ties than 1 in 200, stops the eval). Reports written
+    before the complete check counted in `greedy_ties` the prompts that parted at a near-tie, and have no
+    `greedy_checked_tokens`.
     """
 
     acceptance_length: float
@@ -73,6 +76,7 @@ class BenchmarkResult:
     speedup_ci95: tuple[float, float] | None = None
     identical_to_greedy: bool | None = None
     greedy_ties: int | None = None
+    greedy_checked_tokens: int | None = None
 
     @property
     def prompt_counts(self) -> PromptCounts | None:
@@ -306,8 +310,9 @@ def _prompt_counts(result: _Object) -> dict:
 def _speed(result: _Object) -> dict:
     """Tokens/s, the baseline's and the speedup (absent from reports of older versions or without a baseline)."""
     fields = {key: result.number(key) for key in ("tokens_per_s", "baseline_tokens_per_s", "speedup") if result.present(key)}
-    if result.present("greedy_ties"):
-        fields["greedy_ties"] = result.integer("greedy_ties")
+    for key in ("greedy_ties", "greedy_checked_tokens"):
+        if result.present(key):
+            fields[key] = result.integer(key)
     if result.present("identical_to_greedy"):
         value = result.data["identical_to_greedy"]
         if not isinstance(value, bool):

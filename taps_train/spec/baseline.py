@@ -16,7 +16,7 @@ def plain_generate(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens
                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[int]:
     """Up to `max_new_tokens` tokens after `prompt_ids`, stopping after the first token in `eos`."""
     generator = torch.Generator().manual_seed(seed)
-    device = _input_device(model)
+    device = input_device(model)
     cache, ids, output = DynamicCache(), torch.tensor([prompt_ids], device=device), []
     while len(output) < max_new_tokens and not (output and output[-1] in eos):
         logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
@@ -25,16 +25,6 @@ def plain_generate(model: PreTrainedModel, prompt_ids: list[int], max_new_tokens
     return output
 
 
-@torch.no_grad()
-def top_two_gap(model: PreTrainedModel, ids: list[int]) -> tuple[float, float]:
-    """The verifier's gap between its two best next-token logits after `ids`, and the largest gap its compute dtype's
-    rounding can flip: 8 units in the last place at the top logit's magnitude, at least 1e-3 (float32's error over
-    a deep network). Outputs that part at such a tie differ by numerics, not by decoding."""
-    logits = model(input_ids=torch.tensor([ids], device=_input_device(model)), logits_to_keep=1).logits[0, -1]
-    top = logits.float().topk(2).values
-    return float(top[0] - top[1]), max(8 * torch.finfo(logits.dtype).eps * abs(float(top[0])), 1e-3)
-
-
-def _input_device(model: PreTrainedModel) -> torch.device:
+def input_device(model: PreTrainedModel) -> torch.device:
     """Where input ids go: the embedding's device (the first of a verifier sharded over several)."""
     return model.get_input_embeddings().weight.device
