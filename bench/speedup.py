@@ -2,7 +2,9 @@
 
   - HF greedy: transformers' `generate(do_sample=False)`, the reference every ratio divides by
   - HF prompt lookup: transformers' own draft-free speculative method (`prompt_lookup_num_tokens=k`)
-  - taps-train: speculative decoding with each drafter given, its tree chosen by `--tree auto` (or fixed)
+  - taps-train: speculative decoding with each drafter given, its tree chosen by `--tree auto` (or fixed); with `--tree auto`
+    calibrated on one more prompt per benchmark than those timed, and rounds gated to plain decoding while speculation
+    does not pay (taps_train/spec/gate.py)
 
 Methods run one after another on every prompt, the order rotating per prompt so that the machine's drift
 cancels; every output is compared with HF greedy's token for token. Prints tokens/s per benchmark and method,
@@ -66,8 +68,9 @@ def main() -> None:
     verifier = load_verifier(args.verifier, args.device, args.verifier_dtype)
     model, tokenizer = verifier.model, verifier.tokenizer
     eos = stop_token_ids(model, tokenizer)
-    benchmarks = {name: [first_turn_ids(tokenizer, p) for p in load_benchmark(name, args.prompts)[0]]
-                  for name in args.benchmarks}
+    loaded = {name: [first_turn_ids(tokenizer, p) for p in load_benchmark(name, args.prompts + 1)[0]] for name in args.benchmarks}
+    benchmarks = {name: prompts[: args.prompts] for name, prompts in loaded.items()}
+    calibration_prompts = [ids for prompts in loaded.values() for ids in prompts[args.prompts :]]  # never a timed prompt
     print(f"verifier {args.verifier} ({model.dtype}, {model.device}), {torch.get_num_threads()} threads, "
           f"{args.prompts} prompts per benchmark, {args.max_new_tokens} new tokens, T=0")
 
@@ -77,16 +80,16 @@ def main() -> None:
     fingerprint = verifier_fingerprint(verifier.path, tokenizer)
     for path in args.drafters:
         drafter = load_drafter(path, model, fingerprint)
+        gate = None
         if args.tree == "auto":
-            calibration_prompts = [ids for prompts in benchmarks.values() for ids in prompts[:1]]
             calibration = calibrate_tree(model, drafter, calibration_prompts, set(eos), TreeConfig(*map(int, args.bound.split(","))))
-            tree = calibration.choice.tree
-            curve = ", ".join(f"{size}: {ms:.0f}" for size, ms in calibration.call_ms.items())
+            tree, gate = calibration.choice.tree, calibration.gate()
+            curve = ", ".join(f"{size}: {ms:.0f}" for size, ms in calibration.costs.call_ms.items())
             print(f"{path}: --tree auto chose {tree} (expected τ {calibration.choice.expected_tau:.2f}, "
-                  f"{calibration.choice.round_ms:.0f} ms per round); call ms by tokens {{{curve}}}")
+                  f"{calibration.choice.round_ms:.0f} ms per round; speculation gate {gate}); call ms by tokens (monotone fit) {{{curve}}}")
         else:
             tree = TreeConfig(*map(int, args.tree.split(",")))
-        decoder = SpeculativeDecoder(model, [drafter], tree, eos_token_ids=eos)
+        decoder = SpeculativeDecoder(model, [drafter], tree, eos_token_ids=eos, gate=gate)
         methods[f"taps-train {path} {tree.total_tokens}/{tree.depth}/{tree.top_k}"] = speculative(decoder, args.max_new_tokens)
 
     names = list(methods)

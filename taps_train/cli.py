@@ -327,6 +327,9 @@ def run_export_command(args: list[str]) -> None:
     if options.tree == "auto":
         explicit = [f"--{name.replace('_', '-')}" for name, value in tree_options.items() if value is not None]
         tree = calibrated_tree(options.eval_report, "--tree auto (with --eval-report)", explicit)
+        if tree.plain:
+            raise TapsError("--tree auto: the calibrated report chose plain decoding (no tree was expected to beat it on its machine), "
+                            "so it has no tree for a bundle; pass --total-tokens/--depth/--top-k")
     else:
         tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
     print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,

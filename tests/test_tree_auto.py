@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from taps_train.cli import main
 from taps_train.eval.report import read_report
 from taps_train.spec.baseline import plain_generate
-from taps_train.spec.calibrate import RecordedDraft, calibrate_tree, shapes
+from taps_train.spec.calibrate import Replay, calibrate_tree, capacity, monotone, shapes, top_ks
 from taps_train.spec.draft import DrafterState
 from taps_train.spec.tree import TreeConfig
 from taps_train.spec.verify import VerifierSession
@@ -34,44 +34,87 @@ def test_shapes_stay_within_the_bounds_hold_chains_and_never_exceed_what_a_tree_
     assert TreeConfig(24, 4, 6) in found  # the bounds themselves
 
 
-def drafts_along(verifier, drafter, widest: TreeConfig, shape: TreeConfig, prompt: list[int], tokens: int = 32):
-    """At each position of the greedy continuation: the replay record of the widest tree and the tree of `shape`
-    drafted directly, from the same drafter state."""
-    continuation = plain_generate(verifier, prompt, tokens, set())
+@pytest.mark.parametrize("verifier_seed, drafter_seed", [(5, 1), (1, 2)])
+def test_replayed_acceptance_equals_drafting_every_shape_the_search_considers(verifier_seed, drafter_seed):
+    """Every shape of the search (deep narrow ones included, whose frontier a wider tree need not hold), at every
+    position: replaying it from the whole tree of its top_k accepts exactly what drafting it directly accepts. Over a
+    6-token vocabulary even a random drafter's top-k often holds the verifier's token, so the check has teeth."""
+    verifier = tiny_vocab_verifier(seed=verifier_seed)
+    drafter = random_drafter(verifier, seed=drafter_seed)
+    bound = TreeConfig(total_tokens=24, depth=4, top_k=4)
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2]
+    continuation = plain_generate(verifier, prompt, 40, set())
     _, hidden = VerifierSession(verifier).prefill(torch.tensor(prompt + continuation))
     n = len(prompt)
     state = DrafterState(drafter)
     state.extend({-1: hidden[-1][:n]}, torch.tensor(prompt[1:] + continuation[:1]))
-    for position in range(len(continuation) - widest.levels - 1):
-        window = continuation[position + 1 : position + 1 + widest.levels]
-        yield RecordedDraft.of(state.draft(continuation[position], widest), window), RecordedDraft.of(state.draft(continuation[position], shape), window)
+    searched = shapes(bound)
+    checked = deep = 0
+    for position in range(len(continuation) - bound.levels - 1):
+        root, window = continuation[position], continuation[position + 1 : position + 1 + bound.levels]
+        replays = {k: Replay.of(state.draft(root, TreeConfig(capacity(bound.depth, k), bound.depth, k)), window, bound.depth)
+                   for k in top_ks(bound)}
+        for shape in searched:
+            direct = accepted_length(state.draft(root, shape), window)
+            assert replays[shape.top_k].accepted(shape) == direct, (position, shape)
+            checked += 1
+            deep += direct >= 2
         state.extend({-1: hidden[-1][n + position : n + position + 1]}, torch.tensor(continuation[position + 1 : position + 2]))
+    assert checked > 1000 and deep > 20, (checked, deep)
 
 
-@pytest.mark.parametrize("shape", [TreeConfig(4, 1, 3), TreeConfig(8, 2, 3), TreeConfig(12, 3, 3), TreeConfig(5, 3, 1), TreeConfig(9, 3, 2)])
-def test_replayed_acceptance_equals_drafting_the_smaller_tree(shape):
-    """Over a 6-token vocabulary even a random drafter's top-3 often holds the verifier's token, so the check has teeth."""
-    verifier = tiny_vocab_verifier(seed=5)
-    drafter = random_drafter(verifier, seed=1)
-    widest = TreeConfig(1 + 3 + 3 * 9, 3, 3)
-    checked = accepted = 0
-    for recorded, direct in drafts_along(verifier, drafter, widest, shape, [1, 2, 3, 4, 5, 0, 1, 2]):
-        expected = len(direct.budgets(shape.depth, shape.top_k)) if len(direct.children) - 1 <= shape.total_tokens - 1 else None
-        replayed = sum(b <= shape.total_tokens - 1 for b in recorded.budgets(shape.depth, shape.top_k))
-        assert replayed == expected
-        checked += 1
-        accepted += replayed
-    assert checked > 10 and accepted > 0, (checked, accepted)
+def accepted_length(tree, continuation: list[int]) -> int:
+    """Greedy acceptance of `tree` against the verifier's continuation: the longest root path it holds."""
+    node, accepted = 0, 0
+    for token in continuation:
+        node = next((c for c in tree.children(node) if int(tree.tokens[c]) == token), None)
+        if node is None:
+            break
+        accepted += 1
+    return accepted
+
+
+def test_the_call_cost_curve_is_made_non_decreasing_by_least_squares():
+    assert monotone({1: 50.0, 2: 74.0, 3: 91.0, 4: 69.0, 6: 95.0}) == {1: 50.0, 2: 74.0, 3: 80.0, 4: 80.0, 6: 95.0}
+    assert monotone({1: 3.0, 2: 2.0, 3: 1.0}) == {1: 2.0, 2: 2.0, 3: 2.0}
+    rising = {1: 1.0, 2: 1.5, 4: 4.0}
+    assert monotone(rising) == rising
+
+
+@pytest.mark.parametrize("steep", [True, False], ids=["calls-steep:plain", "calls-flat:tree"])
+def test_calibration_chooses_plain_decoding_where_no_tree_is_expected_to_beat_it(monkeypatch, steep):
+    """With a verifier call of two tokens 50x the cost of one, no tree can pay and plain decoding is chosen (and no gate
+    is needed); with every call as costly as one, a drafter that accepts tokens wins with a tree, gated at its break-even."""
+    from taps_train.spec import calibrate
+
+    def costs(model, hidden_indices, ids, largest):
+        sizes = sorted({s for s in calibrate.CALL_SIZES if s <= largest} | {largest})
+        return {s: (10.0 if s == 1 or not steep else 500.0) for s in sizes}, {s: 0.0 for s in sizes}
+
+    monkeypatch.setattr(calibrate, "_call_costs", costs)
+    verifier = tiny_vocab_verifier(seed=1)
+    prompt = [1, 2, 3, 4, 5, 0, 1, 2]
+    calibration = calibrate_tree(verifier, random_drafter(verifier, seed=2), [prompt], set(), TreeConfig(16, 3, 4), continuation_tokens=24)
+    assert calibration.plain.tree.plain and calibration.plain.expected_tau == 1.0 and calibration.plain.round_ms == 10.0
+    if steep:
+        assert calibration.choice.tree.plain and calibration.gate() is None and calibration.as_dict()["plain_chosen"] is True
+    else:
+        assert not calibration.choice.tree.plain and calibration.choice.expected_tau > 2
+        assert calibration.gate().break_even == pytest.approx(calibration.choice.round_ms / 10.0)
 
 
 def test_calibration_measures_a_cost_curve_and_picks_the_fastest_expected_shape(verifier):
     drafter = random_drafter(verifier, seed=0)
     bound = TreeConfig(total_tokens=16, depth=3, top_k=4)
     calibration = calibrate_tree(verifier, drafter, [PROMPT, PROMPT[::-1]], set(), bound, continuation_tokens=16)
-    assert sorted(calibration.call_ms) == [1, 2, 3, 4, 6, 8, 12, 16] and all(ms > 0 for ms in calibration.call_ms.values())
-    assert set(calibration.draft_ms) == {(s.depth, s.top_k) for s in shapes(bound)}
+    call_ms = calibration.costs.call_ms
+    assert sorted(call_ms) == [1, 2, 3, 4, 6, 8, 12, 16] and all(ms > 0 for ms in call_ms.values())
+    assert all(call_ms[a] <= call_ms[b] for a, b in zip(sorted(call_ms), sorted(call_ms)[1:]))  # the monotone fit
+    assert sorted(calibration.call_ms_measured) == sorted(call_ms) and all(s >= 0 for s in calibration.call_ms_spread.values())
+    assert set(calibration.costs.draft_ms) == {(s.depth, s.top_k) for s in shapes(bound)}
     ranking = calibration.ranking
     assert ranking[0] == calibration.choice and all(a.tokens_per_s >= b.tokens_per_s for a, b in zip(ranking, ranking[1:]))
+    assert calibration.choice.tokens_per_s >= calibration.plain.tokens_per_s
     choice = calibration.choice.tree
     assert choice.total_tokens <= 16 and choice.depth <= 3 and choice.top_k <= 4
     assert 1.0 <= calibration.choice.expected_tau <= choice.levels + 1
@@ -90,7 +133,13 @@ def test_eval_with_tree_auto_decodes_with_the_chosen_tree_and_records_the_curve(
     assert report["benchmarks"]["gsm8k"]["mean_tree_tokens"] <= choice["total_tokens"]
     assert "1" in report["tree_calibration"]["call_ms_by_tokens"] and report["benchmarks"]["gsm8k"]["identical_to_greedy"] is True
     assert read_report(output).tree.total_tokens == choice["total_tokens"]
-    assert "--tree auto: total tokens" in capsys.readouterr().out
+    measured = report["tree_calibration"]["measured"]["gsm8k"]
+    assert measured["tau"] == pytest.approx(report["benchmarks"]["gsm8k"]["acceptance_length"], abs=1e-4)
+    out = capsys.readouterr().out
+    assert ("--tree auto: total tokens" in out) != ("--tree auto: plain decoding" in out) and "predicted τ" in out
+    assert "has no prompts beyond" not in out  # gsm8k's third prompt calibrates, the first two are evaluated
+    if choice["total_tokens"] > 1:
+        assert report["speculation_gate"]["break_even_tau"] > 1
     merged = tmp_path / "merged.json"
     main(["eval", "--drafters", str(checkpoint), str(checkpoint), "--strategy", "merge", "--verifier", str(random_verifier_dir),
           "--benchmarks", f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}", "--prompts", "1", "--max-new-tokens", "8", "--no-baseline",

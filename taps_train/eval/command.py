@@ -19,11 +19,12 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.engine import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
-from taps_train.eval.report import EvalReport, TreeShape, tau_cell
+from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape, read_report, tau_cell
 from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem, tree_problems
 from taps_train.ranges import int_problem
 from taps_train.paths import output_file
-from taps_train.spec.calibrate import TreeCalibration, calibrate_tree
+from taps_train.spec.calibrate import CostModel, TreeCalibration, calibrate_tree
+from taps_train.spec.gate import GateConfig
 from taps_train.spec.decoder import SpeculativeDecoder
 from taps_train.spec.strategies import STRATEGIES
 from taps_train.spec.tree import TreeConfig
@@ -62,7 +63,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
     p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
     p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--calibration-prompts", type=int, default=2, help="--tree auto: prompts per benchmark it measures acceptance on")
+    p.add_argument("--calibration-prompts", type=int, default=2,
+                   help="--tree auto: prompts per benchmark it measures acceptance on (those after the evaluated ones)")
+    p.add_argument("--gate", choices=["auto", "off"], default="auto",
+                   help="auto: with a calibrated tree (--tree auto, --tree-from), rounds fall back to plain decoding while speculation "
+                        "does not pay (taps_train/spec/gate.py); off: every round speculates (τ of the drafter alone)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
     p.add_argument("--engine", choices=["taps", "vllm"], default="taps",
@@ -81,12 +86,14 @@ def run_eval(args: list[str]) -> None:
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")
     if options.engine == "vllm":
         check_engine_options(options)
+    calibrated = None
     if options.tree_from is not None:
         if options.tree == "auto":
             raise TapsError("--tree auto calibrates a tree; --tree-from reads one a calibration chose: pass one of them")
         explicit = [flag for flag in ("--total-tokens", "--depth", "--top-k") if any(a == flag or a.startswith(f"{flag}=") for a in args)]
-        options.total_tokens, options.depth, options.top_k = astuple(calibrated_tree([options.tree_from], "--tree-from", explicit))
-    check_options(options)
+        calibrated = calibrated_tree([options.tree_from], "--tree-from", explicit)
+        options.total_tokens, options.depth, options.top_k = astuple(calibrated)
+    check_options(options, plain_allowed=calibrated is not None)
     if options.engine == "vllm":
         write_reports(run_engine_eval(options, load_benchmarks(options)), options)
         return
@@ -97,16 +104,21 @@ def run_eval(args: list[str]) -> None:
         drafters = [averaged_drafter(options.drafters, options.weights, verifier.model, fingerprint)]
     else:
         drafters = [load_drafter(path, verifier.model, fingerprint) for path in options.drafters]
-    benchmarks = load_benchmarks(options)
+    extra = options.calibration_prompts if options.tree == "auto" else 0
+    benchmarks = load_benchmarks(options, extra)
     eos = stop_token_ids(verifier.model, verifier.tokenizer)
-    calibration = None
+    calibration, gate = None, None
     if options.tree == "auto":
         calibration = auto_tree(verifier, drafters[0], benchmarks, options, set(eos), tree)
-        tree = calibration.choice.tree
+        tree, gate = calibration.choice.tree, calibration.gate()
+    elif calibrated is not None:
+        gate = gate_from_report(options, tree, len(drafters))
+    gate = gate if options.gate == "auto" else None
+    benchmarks = {name: prompts[: options.prompts] for name, prompts in benchmarks.items()}
     reports: dict[float, EvalReport] = {}
     for temperature in options.temperatures:
         strategy = STRATEGIES.get(options.strategy, STRATEGIES["single"])
-        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p, eos_token_ids=eos)
+        decoder = SpeculativeDecoder(verifier.model, drafters, tree, strategy, temperature, options.top_p, eos_token_ids=eos, gate=gate)
         results = {
             name: run_benchmark(decoder, verifier.tokenizer, prompts, options.max_new_tokens, options.seed, f"{name} T={temperature}",
                                 baseline=options.baseline).report(
@@ -127,14 +139,41 @@ def run_eval(args: list[str]) -> None:
             benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
-            tree_calibration=None if calibration is None else calibration.as_dict(),
+            tree_calibration=None if calibration is None else {**calibration.as_dict(), "measured": measured(calibration, results)},
+            speculation_gate=None if gate is None else gate.as_dict(),
         )
     write_reports(reports, options)
 
 
-def load_benchmarks(options: argparse.Namespace) -> dict[str, list]:
-    """Each benchmark's first --prompts prompts (load_benchmark reports skipped records itself)."""
-    return {spec.split(":")[0]: load_benchmark(spec, options.prompts)[0] for spec in options.benchmarks}
+def load_benchmarks(options: argparse.Namespace, extra: int = 0) -> dict[str, list]:
+    """Each benchmark's first --prompts prompts and `extra` more (load_benchmark reports skipped records itself)."""
+    return {spec.split(":")[0]: load_benchmark(spec, options.prompts + extra)[0] for spec in options.benchmarks}
+
+
+def gate_from_report(options: argparse.Namespace, tree: TreeConfig, drafters: int) -> GateConfig | None:
+    """The speculation gate of a tree read with --tree-from: its break-even from the calibration's measured costs, for
+    this strategy's round (route: every drafter drafts one tree; merge: every tree is verified; average: one drafter)."""
+    calibration = read_report(options.tree_from).tree_calibration
+    costs = CostModel.from_calibration(calibration, f"--tree-from {options.tree_from}")
+    drafting = 1 if options.strategy in ("single", "average") else drafters
+    tokens = 1 + drafters * (tree.total_tokens - 1) if options.strategy in ("merge", "merge-union") else tree.total_tokens
+    expected = calibration.get("choice", {}).get("expected_tau")
+    return costs.gate(tree, float(expected) if isinstance(expected, int | float) and expected > 0 else 1.0, drafting, tokens)
+
+
+def measured(calibration: TreeCalibration, results: dict[str, BenchmarkResult]) -> dict:
+    """What decoding with the chosen tree measured beside what the calibration predicted, per benchmark: τ over all
+    rounds, τ over the speculative rounds only (the prediction's kind), tokens/s."""
+    found = {}
+    for name, result in results.items():
+        speculative_calls = result.verify_calls - (result.plain_rounds or 0)
+        found[name] = {"tau": round(result.acceptance_length, 4), "tokens_per_s": result.tokens_per_s,
+                       "speculative_tau": round((result.new_tokens - (result.plain_round_tokens or 0)) / speculative_calls, 4)
+                       if speculative_calls else None}
+        print(f"--tree auto, {name}: predicted τ {calibration.choice.expected_tau:.2f} at {calibration.choice.tokens_per_s:.1f} tokens/s; "
+              f"measured τ {result.acceptance_length:.2f} ({found[name]['speculative_tau'] or 0:.2f} over its "
+              f"{speculative_calls} speculative rounds)" + (f" at {result.tokens_per_s:.1f} tokens/s" if result.tokens_per_s else ""))
+    return found
 
 
 def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace) -> None:
@@ -154,23 +193,36 @@ def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace)
 
 
 def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.Namespace, eos: set[int], bound: TreeConfig) -> TreeCalibration:
-    """`--tree auto`: calibrate on the first prompts of every benchmark (first turns) and print the choice."""
-    prompts = [first_turn_ids(verifier.tokenizer, prompt)
-               for items in benchmarks.values() for prompt in items[: options.calibration_prompts]]
+    """`--tree auto`: calibrate on the first turns of the prompts that follow the evaluated ones in every benchmark (a
+    benchmark with no more prompts lends its evaluated ones, said in one line) and print the choice."""
+    chosen = {}
+    for name, items in benchmarks.items():
+        chosen[name] = items[options.prompts : options.prompts + options.calibration_prompts]
+        if not chosen[name]:
+            chosen[name] = items[: options.calibration_prompts]
+            print(f"--tree auto: benchmark {name} has no prompts beyond the {options.prompts} evaluated; it calibrates on "
+                  f"{len(chosen[name])} of them")
+    prompts = [first_turn_ids(verifier.tokenizer, prompt) for items in chosen.values() for prompt in items]
     context = getattr(verifier.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 2**62
     prompts = [ids for ids in prompts if len(ids) + options.max_new_tokens + bound.levels + 1 <= context]
     print(f"--tree auto: measuring call costs and acceptance on {len(prompts)} prompts (shapes up to {bound.total_tokens} tokens, "
           f"depth {bound.depth}, top-k {bound.top_k})")
     calibration = calibrate_tree(verifier.model, drafter, prompts, eos, bound, continuation_tokens=min(48, options.max_new_tokens))
-    choice = calibration.choice
-    print(f"--tree auto: total tokens {choice.tree.total_tokens}, depth {choice.tree.depth}, top-k {choice.tree.top_k}: expected τ "
-          f"{choice.expected_tau:.2f} at {choice.round_ms:.0f} ms per round = {choice.tokens_per_s:.1f} tokens/s "
-          f"(plain decoding {1000 / calibration.call_ms[1]:.1f} tokens/s)")
+    choice, plain = calibration.choice, calibration.plain
+    if choice.tree.plain:
+        best = next(c for c in calibration.ranking if not c.tree.plain)
+        print(f"--tree auto: plain decoding ({plain.tokens_per_s:.1f} tokens/s): no tree is expected to beat it on this machine (best: "
+              f"{best.tree.total_tokens}/{best.tree.depth}/{best.tree.top_k}, expected τ {best.expected_tau:.2f} at {best.tokens_per_s:.1f} tokens/s)")
+    else:
+        print(f"--tree auto: total tokens {choice.tree.total_tokens}, depth {choice.tree.depth}, top-k {choice.tree.top_k}: expected τ "
+              f"{choice.expected_tau:.2f} at {choice.round_ms:.0f} ms per round = {choice.tokens_per_s:.1f} tokens/s "
+              f"(plain decoding {plain.tokens_per_s:.1f} tokens/s; call-cost spread up to {max(calibration.call_ms_spread.values()):.0%})")
     return calibration
 
 
-def check_options(options: argparse.Namespace) -> None:
-    """Refuse out-of-range options before the verifier or any drafter is loaded."""
+def check_options(options: argparse.Namespace, plain_allowed: bool = False) -> None:
+    """Refuse out-of-range options before the verifier or any drafter is loaded (the plain tree only when a calibration
+    chose it)."""
     def refuse(option: str, value, need: str) -> TapsError:
         return TapsError(f"{option} {value} is out of range: need {need}")
 
@@ -179,7 +231,8 @@ def check_options(options: argparse.Namespace) -> None:
         "--max-new-tokens": int_problem(options.max_new_tokens, 1, "at least 1"),
         "--seed": int_problem(options.seed, 0, "a seed >= 0"),
         **{f"--{field.replace('_', '-')}": problem
-           for field, problem in tree_problems(options.total_tokens, options.depth, options.top_k).items()},
+           for field, problem in tree_problems(options.total_tokens, options.depth, options.top_k).items()
+           if not (plain_allowed and options.total_tokens == 1)},
         "--temperatures": temperatures_problem(options.temperatures),
         "--top-p": top_p_problem(options.top_p),
         **{"--benchmarks": problem for problem in map(benchmark_problem, options.benchmarks) if problem},

@@ -18,6 +18,7 @@ from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
 from taps_train.spec.baseline import plain_generate
 from taps_train.spec.greedy_check import check_greedy_reply, not_lossless, too_many_ties
+from taps_train.spec.compose import MERGED
 from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
 
 
@@ -28,6 +29,8 @@ class BenchmarkTally:
     new_tokens: int = 0
     verify_calls: int = 0
     tree_tokens: int = 0
+    plain_rounds: int = 0  # rounds that verified the root alone
+    plain_round_tokens: int = 0
     prompts: int = 0
     skipped_too_long: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
@@ -68,6 +71,9 @@ class BenchmarkTally:
         self.new_tokens += stats.new_tokens
         self.verify_calls += 1
         self.tree_tokens += stats.tree_tokens
+        if stats.tree_tokens == 1:
+            self.plain_rounds += 1
+            self.plain_round_tokens += stats.new_tokens
         self.routing[stats.chosen] = self.routing.get(stats.chosen, 0) + 1
         for depth, reached in enumerate(stats.depth_reached):
             while len(self.reached_by_depth) <= depth:
@@ -103,10 +109,12 @@ class BenchmarkTally:
             draft_entropy=Signals(**{k: _mean(v) for k, v in self.entropy.items()}),
             draft_confidence=Signals(**{k: _mean(v) for k, v in self.confidence.items()}),
             wall_time_s=round(self.wall_time_s, 3),
-            routing=None if drafter_names is None else {drafter_names[i] if i >= 0 else "merged": n for i, n in sorted(self.routing.items())},
+            routing=None if drafter_names is None else {_routed_to(drafter_names, i): n for i, n in sorted(self.routing.items())},
             prompt_new_tokens=tuple(self.prompt_new_tokens),
             prompt_verify_calls=tuple(self.prompt_verify_calls),
             tau_ci95=tau_interval(PromptCounts(self.prompt_new_tokens, self.prompt_verify_calls)),
+            plain_rounds=self.plain_rounds,
+            plain_round_tokens=self.plain_round_tokens,
             **self._speed_fields(),
         )
 
@@ -121,6 +129,10 @@ class BenchmarkTally:
             fields["greedy_ties"] = self.greedy_ties
             fields["greedy_checked_tokens"] = self.greedy_checked_tokens
         return fields
+
+
+def _routed_to(drafter_names: list[str], chosen: int) -> str:
+    return drafter_names[chosen] if chosen >= 0 else "merged" if chosen == MERGED else "plain"
 
 
 def _mean(values: list[float]) -> float | None:

@@ -16,6 +16,7 @@ from typing import Any
 from taps_train.errors import TapsError
 from taps_train.paths import read_at_most
 from taps_train.eval.intervals import PromptCounts
+from taps_train.spec.tree import TreeConfig
 
 MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
 
@@ -54,6 +55,10 @@ class BenchmarkResult:
     with it within its dtype's rounding (any other token, or more ties than 1 in 200, stops the eval). Reports written
     before the complete check counted in `greedy_ties` the prompts that parted at a near-tie, and have no
     `greedy_checked_tokens`.
+
+    `plain_rounds` (and `plain_round_tokens`, what they emitted) count the rounds decoded without a drafter: every
+    round of the plain tree `--tree auto` may choose, and those the speculation gate (taps_train/spec/gate.py) decoded
+    plainly while speculation did not pay; τ pools them with the speculative rounds.
     """
 
     acceptance_length: float
@@ -77,6 +82,8 @@ class BenchmarkResult:
     identical_to_greedy: bool | None = None
     greedy_ties: int | None = None
     greedy_checked_tokens: int | None = None
+    plain_rounds: int | None = None  # rounds that verified the root alone (plain decoding: the gate or a plain tree)
+    plain_round_tokens: int | None = None  # the tokens they emitted
 
     @property
     def prompt_counts(self) -> PromptCounts | None:
@@ -104,6 +111,7 @@ class EvalReport:
     weights: tuple[float, ...] | None = None
     tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose (its `tree` is the choice)
     engine: Mapping[str, Any] | None = None  # `--engine vllm`: the engine, its version and how it served the drafter
+    speculation_gate: Mapping[str, Any] | None = None  # when rounds could fall back to plain decoding: the gate's settings
 
     def as_dict(self) -> dict:
         """The JSON object of the file, keys in the order the contract lists them."""
@@ -116,6 +124,8 @@ class EvalReport:
             data["tree_calibration"] = self.tree_calibration
         if self.engine is not None:
             data["engine"] = self.engine
+        if self.speculation_gate is not None:
+            data["speculation_gate"] = self.speculation_gate
         return data
 
     def to_json(self) -> str:
@@ -248,17 +258,23 @@ def _eval_report(report: _Object) -> EvalReport:
         raise report.where.at("benchmarks").error("must hold at least one benchmark, got none")
     strategy = report.text("strategy")
     tree = report.object("tree")
+    shape = TreeShape(total_tokens=tree.integer("total_tokens", 1), depth=tree.integer("depth"), top_k=tree.integer("top_k", 1))
+    try:
+        TreeConfig(shape.total_tokens, shape.depth, shape.top_k)
+    except TapsError as err:
+        raise report.where.at("tree").error(str(err)) from None
     return EvalReport(
         verifier=report.text("verifier"),
         drafters=drafters,
         strategy=strategy,
         temperature=report.number("temperature"),
-        tree=TreeShape(total_tokens=tree.integer("total_tokens", 2), depth=tree.integer("depth", 1), top_k=tree.integer("top_k", 1)),
+        tree=shape,
         benchmarks=results,
         average_acceptance_length=report.number("average_acceptance_length"),
         weights=_weights(report, len(drafters)) if strategy == "average" else None,
         tree_calibration=report.object("tree_calibration").data if report.present("tree_calibration") else None,
         engine=report.object("engine").data if report.present("engine") else None,
+        speculation_gate=report.object("speculation_gate").data if report.present("speculation_gate") else None,
     )
 
 
@@ -310,7 +326,7 @@ def _prompt_counts(result: _Object) -> dict:
 def _speed(result: _Object) -> dict:
     """Tokens/s, the baseline's and the speedup (absent from reports of older versions or without a baseline)."""
     fields = {key: result.number(key) for key in ("tokens_per_s", "baseline_tokens_per_s", "speedup") if result.present(key)}
-    for key in ("greedy_ties", "greedy_checked_tokens"):
+    for key in ("greedy_ties", "greedy_checked_tokens", "plain_rounds", "plain_round_tokens"):
         if result.present(key):
             fields[key] = result.integer(key)
     if result.present("identical_to_greedy"):

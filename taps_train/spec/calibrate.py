@@ -1,22 +1,28 @@
-"""`--tree auto`: the draft tree that maximises expected tokens/s on the machine at hand.
+"""`--tree auto`: the draft tree that maximises expected tokens/s on the machine at hand, plain decoding included.
 
 Tokens/s of a tree shape = τ(shape) / (verifier call of its size + drafting at its depth and width + committing).
 Both sides are measured here, never assumed: on a GPU a call of 60 tokens costs about what a call of one does,
-so the paper's wide trees win; on a CPU the cost grows with every token and small trees or chains win.
+so the paper's wide trees win; on a CPU the cost grows with every token and small trees or chains win. Plain decoding
+(τ 1 at the cost of a 1-token call) is a candidate too: where no tree is expected to beat it, it is the choice.
 
-- Costs: the verifier's tree call timed for a ladder of sizes after a real prompt (interpolated between them),
-  the drafter's drafting timed for every (depth, top_k) searched, and one commit of an accepted path.
+- Costs: every cost is timed in interleaved rounds (each round times every size once, so a slow spell of the
+  machine falls on all sizes alike) and its median kept, with its spread (interquartile range / median). The
+  verifier's call cost, which can only grow with the tokens of a call, is made non-decreasing over the sizes
+  (a monotone least-squares fit): one noisy size cannot make a wider tree look cheaper than a narrower one.
 - τ: on a few calibration prompts the verifier's greedy continuation is the path any tree must hold to be
-  accepted at T=0. At each position of it the drafter drafts the largest tree searched (EAGLE-2 with the
-  upper bounds of total tokens, depth and top_k); every smaller shape's tree is replayed from it exactly as
-  EAGLE-2 would select it (top-k children, top-k frontier per level, then the most confident nodes), and
-  accepts the longest prefix of the continuation it contains.
+  accepted at T=0. At each position of it the drafter drafts, for every top_k searched, the whole tree of the
+  largest depth (no node dropped). A shape (total tokens, depth, top_k) is then exactly that tree's first
+  depth + 1 levels (EAGLE-2 chooses each level's frontier from the levels above only) cut to its most confident
+  total tokens - 1 nodes (`rerank_order`, the rule drafting itself applies), so the acceptance of every shape is
+  replayed exactly, position by position, without drafting each shape.
 
 The verifier and drafter states used are the decoder's own (`VerifierSession`, `DrafterState`), so the
 replay sees the drafts decoding will see.
 """
 
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,13 +33,14 @@ from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
 from taps_train.spec.baseline import plain_generate
 from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import DraftTree, TreeConfig, chain, pack
+from taps_train.spec.gate import GateConfig
+from taps_train.spec.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
 from taps_train.spec.verify import VerifierSession
 
 CALL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 TOP_KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 TOTAL_TOKENS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60, 64, 80, 96, 128)
-REPEATS = 3
+ROUNDS = 7  # interleaved timing rounds after a warm-up one; the median of each cost is kept
 
 
 @dataclass(frozen=True)
@@ -53,172 +60,247 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class CostModel:
+    """Milliseconds of a round's parts as measured: a verifier call by its tokens (the monotone fit, interpolated
+    between sizes), drafting by (depth, top_k), and committing an accepted path."""
+
+    call_ms: dict[int, float]
+    draft_ms: dict[tuple[int, int], float]
+    commit_ms: float
+
+    def call(self, tokens: int) -> float:
+        sizes = sorted(self.call_ms)
+        return float(np.interp(tokens, sizes, [self.call_ms[s] for s in sizes]))
+
+    def round_ms(self, tree: TreeConfig, drafters: int = 1, tokens: int | None = None) -> float:
+        """One round of `tree` drafted by `drafters` drafters, verifying `tokens` tokens (default: the tree's size);
+        the plain tree is one verifier call of one token."""
+        if tree.plain:
+            return self.call(1)
+        return self.call(tokens or tree.total_tokens) + drafters * self.draft_ms[tree.depth, tree.top_k] + self.commit_ms
+
+    def gate(self, tree: TreeConfig, expected_tau: float, drafters: int = 1, tokens: int | None = None) -> GateConfig | None:
+        """The speculation gate of `tree`: speculate while rounds emit more than round cost / plain step cost."""
+        if tree.plain:
+            return None
+        return GateConfig(break_even=self.round_ms(tree, drafters, tokens) / self.call(1), expected=expected_tau)
+
+    @classmethod
+    def from_calibration(cls, calibration: dict, where: str) -> "CostModel":
+        """The costs an eval report's `tree_calibration` recorded (`TreeCalibration.as_dict`)."""
+        try:
+            return cls({int(size): float(ms) for size, ms in calibration["call_ms_by_tokens"].items()},
+                       {tuple(map(int, key.split(","))): float(ms) for key, ms in calibration["draft_ms_by_depth_top_k"].items()},
+                       float(calibration["commit_ms"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise TapsError(f"{where}: its tree_calibration has no usable costs ({err}); calibrate again with `taps-train eval --tree auto`") from err
+
+
+@dataclass(frozen=True)
 class TreeCalibration:
     """What `--tree auto` measured and chose; the eval report keeps it as `tree_calibration`."""
 
     choice: Candidate
-    call_ms: dict[int, float]  # verifier call by tokens per call (1: a plain decoding step)
-    draft_ms: dict[tuple[int, int], float]  # drafting by (depth, top_k)
-    commit_ms: float
+    plain: Candidate  # plain decoding, the candidate every tree must beat
+    costs: CostModel  # the call curve is the monotone fit of `call_ms_measured`
+    call_ms_measured: dict[int, float]  # medians of the interleaved rounds
+    call_ms_spread: dict[int, float]  # their interquartile range / median
+    draft_ms_spread: float  # the largest spread among the drafting costs
     positions: int  # continuation positions the acceptance was replayed at
     ranking: list[Candidate]  # the best shapes, best first
+
+    def gate(self) -> GateConfig | None:
+        return self.costs.gate(self.choice.tree, self.choice.expected_tau)
 
     def as_dict(self) -> dict:
         return {
             "choice": self.choice.as_dict(),
-            "plain_tokens_per_s": round(1000 / self.call_ms[1], 3),
-            "call_ms_by_tokens": {str(size): round(ms, 3) for size, ms in self.call_ms.items()},
-            "draft_ms_by_depth_top_k": {f"{depth},{k}": round(ms, 3) for (depth, k), ms in self.draft_ms.items()},
-            "commit_ms": round(self.commit_ms, 3),
+            "plain_chosen": self.choice.tree.plain,
+            "plain_tokens_per_s": round(self.plain.tokens_per_s, 3),
+            "call_ms_by_tokens": {str(size): round(ms, 3) for size, ms in self.costs.call_ms.items()},
+            "call_ms_measured": {str(size): round(ms, 3) for size, ms in self.call_ms_measured.items()},
+            "call_ms_spread": {str(size): round(spread, 4) for size, spread in self.call_ms_spread.items()},
+            "draft_ms_by_depth_top_k": {f"{depth},{k}": round(ms, 3) for (depth, k), ms in self.costs.draft_ms.items()},
+            "draft_ms_largest_spread": round(self.draft_ms_spread, 4),
+            "commit_ms": round(self.costs.commit_ms, 3),
             "positions": self.positions,
             "ranking": [candidate.as_dict() for candidate in self.ranking],
         }
 
 
 @dataclass
-class RecordedDraft:
-    """One drafted tree as plain lists (replays run many small steps), with the continuation to accept."""
+class Replay:
+    """One position of the continuation: for each depth, what keeping the b most confident nodes accepts.
 
-    children: list[list[int]]  # per node, most probable first
-    confidence: list[float]
-    depth: list[int]
-    token: list[int]
-    continuation: list[int]
+    `budgets[depth][j]` is the fewest non-root nodes a tree of that depth (and this replay's top_k) must keep to
+    accept j + 1 continuation tokens; a tree keeping b nodes accepts the entries <= b."""
+
+    budgets: dict[int, list[int]]
 
     @classmethod
-    def of(cls, tree: DraftTree, continuation: list[int]) -> "RecordedDraft":
-        return cls([tree.children(node) for node in range(len(tree))], tree.confidence.tolist(), tree.depths.tolist(),
-                   tree.tokens.tolist(), continuation)
-
-    def budgets(self, depth: int, top_k: int) -> list[int]:
-        """Entry j: the fewest non-root nodes an EAGLE-2 tree of this depth and top_k (replayed from this larger
-        tree: top-k children, top-k frontier per level, then the most confident nodes) keeps to accept j + 1
-        continuation tokens. Non-decreasing; a tree keeping b nodes accepts the entries <= b."""
-        selected, frontier = [], [0]
-        for _ in range(depth + 1):
-            candidates = [child for node in frontier for child in self.children[node][:top_k]]
-            selected += candidates
-            frontier = sorted(candidates, key=lambda n: -self.confidence[n])[:top_k]
-        rank = {node: r for r, node in enumerate(sorted(selected, key=lambda n: (-self.confidence[n], self.depth[n])))}
-        budgets, node, worst = [], 0, -1
-        for token in self.continuation:
-            node = next((c for c in self.children[node] if c in rank and self.token[c] == token), None)
+    def of(cls, tree: DraftTree, continuation: list[int], depth: int) -> "Replay":
+        """`tree`: drafted with `depth` and no node dropped; `continuation`: the verifier's greedy tokens after its root."""
+        child = {(int(parent), int(token)): node for node, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist()))}
+        path, node = [], 0
+        for token in continuation[: depth + 1]:
+            node = child.get((node, token))
             if node is None:
                 break
-            worst = max(worst, rank[node])
-            budgets.append(worst + 1)
-        return budgets
+            path.append(node)
+        order, depths = rerank_order(tree).tolist(), tree.depths.tolist()
+        budgets = {}
+        for d in range(1, depth + 1):
+            rank = {n: r for r, n in enumerate(n for n in order if depths[n] <= d + 1)}
+            needed, worst = [], -1
+            for n in path[: d + 1]:
+                worst = max(worst, rank[n])
+                needed.append(worst + 1)
+            budgets[d] = needed
+        return cls(budgets)
+
+    def accepted(self, shape: TreeConfig) -> int:
+        return sum(b <= shape.total_tokens - 1 for b in self.budgets[shape.depth])
+
+
+def top_ks(bound: TreeConfig) -> list[int]:
+    return sorted({k for k in TOP_KS if k <= bound.top_k} | {bound.top_k})
 
 
 def shapes(bound: TreeConfig) -> list[TreeConfig]:
     """Every shape searched: depth 1..bound, top_k and total tokens from fixed ladders up to the bounds (each
     bound itself included), total tokens no more than the tree can hold."""
-    top_ks = sorted({k for k in TOP_KS if k <= bound.top_k} | {bound.top_k})
     totals = sorted({n for n in TOTAL_TOKENS if n <= bound.total_tokens} | {bound.total_tokens})
     found = []
     for depth in range(1, bound.depth + 1):
-        for k in top_ks:
-            capacity = 1 + k + depth * k * k  # root, the root's k children, then k frontier nodes x k children per level
+        for k in top_ks(bound):
             for total in totals:
-                found.append(TreeConfig(min(total, capacity), depth, k))
-                if total >= capacity:
+                found.append(TreeConfig(min(total, capacity(depth, k)), depth, k))
+                if total >= capacity(depth, k):
                     break
     return list(dict.fromkeys(found))
 
 
+def capacity(depth: int, top_k: int) -> int:
+    """Nodes of a whole EAGLE-2 tree: the root, its top_k children, then top_k frontier nodes x top_k children per level."""
+    return 1 + top_k + depth * top_k * top_k
+
+
 def calibrate_tree(model: PreTrainedModel, drafter: DrafterBackbone, prompts: list[list[int]], eos: set[int], bound: TreeConfig,
                    continuation_tokens: int = 48, keep: int = 10) -> TreeCalibration:
-    """Measure costs and acceptance on `prompts` (token ids) and choose the shape within `bound` of most tokens/s."""
+    """Measure costs and acceptance on `prompts` (token ids) and choose the shape within `bound` of most tokens/s, or
+    plain decoding where no shape is expected to beat it."""
     if not prompts:
         raise TapsError("--tree auto needs at least one calibration prompt")
     hidden_indices = drafter.feature_contract().hidden_state_indices
-    drafts = []
+    replays: dict[int, list[Replay]] = {k: [] for k in top_ks(bound)}
     for ids in prompts:
         continuation = plain_generate(model, ids, continuation_tokens, eos)
-        drafts += _record_drafts(model, drafter, hidden_indices, ids, continuation, bound)
-    if not drafts:
+        for k, found in _record_replays(model, drafter, hidden_indices, ids, continuation, bound).items():
+            replays[k] += found
+    positions = len(replays[bound.top_k])
+    if not positions:
         raise TapsError("--tree auto: the calibration prompts' greedy replies are too short to measure acceptance; "
                         "use other benchmarks or a larger --max-new-tokens")
-    call_ms = _call_costs(model, hidden_indices, prompts[0], bound.total_tokens)
-    draft_ms, commit_ms = _draft_costs(model, drafter, hidden_indices, prompts[0], bound)
-    budgets = {}
-    scored = []
-    for shape in shapes(bound):
-        if (shape.depth, shape.top_k) not in budgets:
-            budgets[shape.depth, shape.top_k] = [draft.budgets(shape.depth, shape.top_k) for draft in drafts]
-        tau = 1 + float(np.mean([sum(b <= shape.total_tokens - 1 for b in needed) for needed in budgets[shape.depth, shape.top_k]]))
-        scored.append(Candidate(shape, tau, _interpolate(call_ms, shape.total_tokens) + draft_ms[shape.depth, shape.top_k] + commit_ms))
-    ranking = sorted(scored, key=lambda c: -c.tokens_per_s)
-    return TreeCalibration(ranking[0], call_ms, draft_ms, commit_ms, len(drafts), ranking[:keep])
+    call_medians, call_spread = _call_costs(model, hidden_indices, prompts[0], bound.total_tokens)
+    draft_medians, draft_spread, commit_ms = _draft_costs(model, drafter, hidden_indices, prompts[0], bound)
+    costs = CostModel(monotone(call_medians), draft_medians, commit_ms)
+    plain = Candidate(PLAIN, 1.0, costs.round_ms(PLAIN))
+    scored = [Candidate(shape, 1 + float(np.mean([r.accepted(shape) for r in replays[shape.top_k]])), costs.round_ms(shape))
+              for shape in shapes(bound)]
+    ranking = sorted([plain, *scored], key=lambda c: -c.tokens_per_s)
+    return TreeCalibration(ranking[0], plain, costs, call_medians, call_spread, max(draft_spread.values()), positions, ranking[:keep])
 
 
 @torch.no_grad()
-def _record_drafts(model, drafter, hidden_indices, ids: list[int], continuation: list[int], bound: TreeConfig) -> list[RecordedDraft]:
-    """The largest tree drafted at every position of the greedy continuation, the drafter fed the verifier's
-    hidden states of the committed text as decoding feeds them."""
+def _record_replays(model, drafter, hidden_indices, ids: list[int], continuation: list[int], bound: TreeConfig) -> dict[int, list[Replay]]:
+    """For every top_k searched, the replay of the whole tree of the largest depth drafted at every position of the
+    greedy continuation, the drafter fed the verifier's hidden states of the committed text as decoding feeds them."""
     session = VerifierSession(model, tuple(hidden_indices))
     _, hidden = session.prefill(torch.tensor(ids + continuation))
     n = len(ids)
     state = DrafterState(drafter)
     state.extend({i: h[:n] for i, h in hidden.items()}, torch.tensor(ids[1:] + continuation[:1]))
-    widest = TreeConfig(1 + bound.top_k + bound.depth * bound.top_k**2, bound.depth, bound.top_k)
-    drafts = []
-    for position in range(len(continuation) - widest.levels - 1):  # positions with the whole window of continuation
-        tree = state.draft(continuation[position], widest)
-        drafts.append(RecordedDraft.of(tree, continuation[position + 1 : position + 1 + widest.levels]))
+    whole = {k: TreeConfig(capacity(bound.depth, k), bound.depth, k) for k in top_ks(bound)}
+    replays: dict[int, list[Replay]] = {k: [] for k in whole}
+    for position in range(len(continuation) - bound.levels - 1):  # positions with the whole window of continuation
+        window = continuation[position + 1 : position + 1 + bound.levels]
+        for k, tree in whole.items():
+            replays[k].append(Replay.of(state.draft(continuation[position], tree), window, bound.depth))
         state.extend({i: h[n + position : n + position + 1] for i, h in hidden.items()}, torch.tensor(continuation[position + 1 : position + 2]))
-    return drafts
+    return replays
 
 
-def _best_ms(run) -> float:
-    times = []
-    for _ in range(REPEATS + 1):  # the first call warms up
-        began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
-    return 1000 * min(times[1:])
+def _timed(runs: dict, rounds: int = ROUNDS) -> tuple[dict, dict]:
+    """Median milliseconds of every run and its spread (interquartile range / median), timed in interleaved rounds
+    after one warm-up round."""
+    times = {key: [] for key in runs}
+    for round_index in range(rounds + 1):
+        for key, run in runs.items():
+            began = time.perf_counter()
+            run()
+            if round_index:
+                times[key].append(1000 * (time.perf_counter() - began))
+    medians = {key: statistics.median(values) for key, values in times.items()}
+    spread = {}
+    for key, values in times.items():
+        low, _, high = statistics.quantiles(values, n=4)
+        spread[key] = (high - low) / medians[key] if medians[key] > 0 else 0.0
+    return medians, spread
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """The non-decreasing curve nearest (least squares) to `costs` by size: adjacent sizes that break the order are
+    pooled to their mean (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for size in sorted(costs):
+        blocks.append([costs[size], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            value, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + value * count) / (blocks[-1][1] + count), blocks[-1][1] + count]
+    fitted = [value for value, count in blocks for _ in range(count)]
+    return dict(zip(sorted(costs), fitted))
 
 
 @torch.no_grad()
-def _call_costs(model, hidden_indices, ids: list[int], largest: int) -> dict[int, float]:
-    """Milliseconds of one tree call of each ladder size after the prompt (the cache cut back after each)."""
+def _call_costs(model, hidden_indices, ids: list[int], largest: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Milliseconds of one tree call of each ladder size after the prompt (the cache cut back after each), and their
+    spread."""
     session = VerifierSession(model, tuple(hidden_indices))
     session.prefill(torch.tensor(ids))
     prefix = session.length
-    costs = {}
-    for size in sorted({s for s in CALL_SIZES if s <= largest} | {largest}):
-        packed = pack(chain((ids * size)[:size]), prefix)
 
-        def call():
+    def call(packed) -> Callable[[], None]:
+        def run():
             session.tree_forward(packed)
             session.commit([])
 
-        costs[size] = _best_ms(call)
-    return costs
+        return run
+
+    return _timed({size: call(pack(chain((ids * size)[:size]), prefix)) for size in sorted({s for s in CALL_SIZES if s <= largest} | {largest})})
 
 
 @torch.no_grad()
-def _draft_costs(model, drafter, hidden_indices, ids: list[int], bound: TreeConfig) -> tuple[dict[tuple[int, int], float], float]:
-    """Milliseconds of drafting each (depth, top_k) searched, and of committing a two-token accepted path, after the
-    prompt (the values drafted do not matter here, only the shapes)."""
+def _draft_costs(model, drafter, hidden_indices, ids: list[int], bound: TreeConfig) -> tuple[dict[tuple[int, int], float], dict, float]:
+    """Milliseconds of drafting each (depth, top_k) searched (with their spread), and of committing a two-token
+    accepted path, after the prompt (the values drafted do not matter here, only the shapes)."""
     session = VerifierSession(model, tuple(hidden_indices))
     logits, hidden = session.prefill(torch.tensor(ids))
     root = int(logits.argmax())
     state = DrafterState(drafter)
     state.extend({i: h[:-2] for i, h in hidden.items()}, torch.tensor(ids[1:-1]))
+    state.catch_up()
     committed = state.committed
-    costs = {}
-    for shape in shapes(bound):
-        if (shape.depth, shape.top_k) not in costs:
-            costs[shape.depth, shape.top_k] = _best_ms(lambda: state.draft(root, shape))
+
+    def draft(shape: TreeConfig) -> Callable[[], None]:
+        return lambda: state.draft(root, shape)
 
     def commit():
         state.committed = committed
         state.extend({i: h[-2:] for i, h in hidden.items()}, torch.tensor(ids[-1:] + [root]))
+        state.catch_up()
 
-    return costs, _best_ms(commit)
-
-
-def _interpolate(costs: dict[int, float], size: int) -> float:
-    sizes = sorted(costs)
-    return float(np.interp(size, sizes, [costs[s] for s in sizes]))
+    runs = {(shape.depth, shape.top_k): draft(shape) for shape in shapes(bound)}
+    medians, spread = _timed({**runs, "commit": commit})
+    commit_ms = medians.pop("commit")
+    spread.pop("commit")
+    return medians, spread, commit_ms

@@ -2,7 +2,8 @@
 
 τ (acceptance length) = tokens emitted per verifier call over the decoding rounds (accepted draft
 tokens + the verifier's bonus token). The prefill call, which emits the first token without any
-draft, is not a round.
+draft, is not a round. A round may verify the root alone (plain decoding: the `PLAIN` tree, or the
+speculation gate while drafting does not pay); such rounds count, with τ 1, and consult no drafter.
 """
 
 from collections.abc import Callable
@@ -20,11 +21,13 @@ from taps_train.spec.accept import (
     next_token,
 )
 from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import DraftTree, TreeConfig, pack
+from taps_train.spec.gate import Gate, GateConfig
+from taps_train.spec.tree import DraftTree, TreeConfig, pack, root_only
 
 # A strategy turns the drafters' trees (one per drafter, same root) into the tree to verify, and
 # says which drafter it credits (for routing counts; -1 when several contribute).
 Strategy = Callable[[list[DraftTree], TreeConfig], tuple[DraftTree, int]]
+NO_DRAFTER = -2  # "chosen" value of a round that verified the root alone (plain decoding)
 
 
 def single(trees: list[DraftTree], config: TreeConfig) -> tuple[DraftTree, int]:
@@ -67,6 +70,7 @@ class SpeculativeDecoder:
         temperature: float = 0.0,
         top_p: float = 1.0,
         eos_token_ids: list[int] | None = None,
+        gate: GateConfig | None = None,
     ):
         if temperature < 0:
             raise TapsError(f"temperature must be >= 0, got {temperature}")
@@ -76,6 +80,7 @@ class SpeculativeDecoder:
         self.strategy = strategy
         self.temperature = temperature
         self.top_p = top_p
+        self.gate = gate
         eos = eos_token_ids if eos_token_ids is not None else verifier.generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else (eos or []))
 
@@ -104,12 +109,17 @@ class SpeculativeDecoder:
         prompt = torch.tensor(prompt_ids)
         logits, hidden = session.prefill(prompt)
         root = next_token(logits, self.temperature, self.top_p, generator)
-        states = [DrafterState(d) for d in self.drafters]
+        states = [] if self.tree.plain else [DrafterState(d) for d in self.drafters]
         for state in states:
             state.extend(hidden, torch.tensor(prompt_ids[1:] + [root]))
+        gate = Gate(self.gate) if self.gate is not None and states else None
         output, rounds = [root], []
         while len(output) < max_new_tokens and root not in self.eos:
-            tree, chosen = self.strategy([s.draft(root, self.tree) for s in states], self.tree)
+            speculating = bool(states) and (gate is None or gate.speculate())
+            if speculating:
+                tree, chosen = self.strategy([s.draft(root, self.tree) for s in states], self.tree)
+            else:
+                tree, chosen = root_only(root), NO_DRAFTER
             logits, hidden = session.tree_forward(pack(tree, session.length))
             acceptance = self._accept(tree, logits, generator)
             session.commit(acceptance.path)
@@ -119,6 +129,8 @@ class SpeculativeDecoder:
             emitted = _until_stop(new, self.eos, max_new_tokens - len(output))
             output += emitted
             rounds.append(_round_stats(tree, acceptance, len(emitted), chosen))
+            if gate is not None and speculating:
+                gate.observe(len(new))
             if on_round is not None:
                 on_round(rounds[-1])
             root = new[-1] if len(emitted) == len(new) else emitted[-1]

@@ -10,19 +10,36 @@ from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes
 
 class DrafterState:
     """One drafter across decoding rounds: the KV cache of committed positions (position t consumed
-    (f_t, x_{t+1})) and its predicted feature for the position after the newest committed token."""
+    (f_t, x_{t+1})) and its predicted feature for the position after the newest committed token.
+
+    Committed positions are queued and run through the drafter when it next drafts, in one pass: rounds decoded
+    without drafting (plain decoding, `spec/gate.py`) cost the drafter nothing, and it catches up at once."""
 
     def __init__(self, drafter: DrafterBackbone):
         self.drafter = drafter
         self.cache = KVCache()
         self.committed = 0
-        self.root_feature: torch.Tensor | None = None
+        self._root_feature: torch.Tensor | None = None
+        self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features [m, F], next ids [m]) not yet run
 
-    @torch.no_grad()
     def extend(self, hidden: HiddenStates, next_ids: torch.Tensor) -> None:
         """Commit positions: the verifier's hidden states there ([m, H] each; the drafter takes the ones its
         feature contract names) and the tokens that followed them [m]."""
-        features = self.drafter.feature_contract().extract(hidden)[FEATURES]
+        self._queued.append((self.drafter.feature_contract().extract(hidden)[FEATURES], next_ids))
+
+    @property
+    def root_feature(self) -> torch.Tensor:
+        self.catch_up()
+        return self._root_feature
+
+    @torch.no_grad()
+    def catch_up(self) -> None:
+        """Run the queued positions through the drafter, all in one forward."""
+        if not self._queued:
+            return
+        features = torch.cat([f for f, _ in self._queued])
+        next_ids = torch.cat([ids for _, ids in self._queued])
+        self._queued = []
         self._truncate()
         m = len(next_ids)
         device = self.drafter.fc.weight.device
@@ -31,7 +48,7 @@ class DrafterState:
         mask[:, self.committed :] = torch.ones(m, m, dtype=torch.bool, device=device).tril()
         out = self.drafter(next_ids.to(device)[None], features.to(device, self.drafter.fc.weight.dtype)[None], positions, mask, self.cache)
         self.committed += m
-        self.root_feature = out[0, -1]
+        self._root_feature = out[0, -1]
 
     def _truncate(self) -> None:
         """Drop the speculative tree entries of the last round."""
@@ -43,14 +60,15 @@ class DrafterState:
         """EAGLE-2: expand the top-k children of every frontier node, score candidates by confidence
         (cumulative draft probability), carry the best k of each level forward, draft `depth + 1`
         levels, then keep the `total_tokens - 1` most confident nodes."""
+        root_feature = self.root_feature
         self._truncate()
-        device = self.root_feature.device
+        device = root_feature.device
         one = torch.ones(1, device=device)
         columns = {"tokens": [torch.tensor([root_token], device=device)], "parents": [torch.tensor([-1], device=device)],
                    "depths": [torch.zeros(1, dtype=torch.long, device=device)], "probs": [one], "confidence": [one], "entropy": [0 * one]}
         size = 1
         frontier = torch.tensor([0], device=device)
-        frontier_conf, frontier_features = one, self.root_feature[None]
+        frontier_conf, frontier_features = one, root_feature[None]
         parents_so_far = torch.tensor([-1], device=device)
         cached_nodes = torch.empty(0, dtype=torch.long, device=device)
         for level in range(1, config.levels + 1):

@@ -16,22 +16,33 @@ from taps_train.errors import TapsError
 class TreeConfig:
     """EAGLE-2 tree shape. `depth` means what it means in EAGLE-2's code: the drafter expands the
     frontier `depth` times after the root's own top-k, so trees reach `depth + 1` levels below the
-    root (the paper-equivalent default, depth 5, drafts 6 levels). `total_tokens` counts the root."""
+    root (the paper-equivalent default, depth 5, drafts 6 levels). `total_tokens` counts the root.
+
+    `PLAIN` (the root alone) is plain decoding: no drafter is consulted and every round emits the verifier's own
+    token; `--tree auto` chooses it where no tree is expected to beat it."""
 
     total_tokens: int = 60
     depth: int = 5
     top_k: int = 10
 
     def __post_init__(self):
-        if self.depth < 0 or self.top_k < 1 or self.total_tokens < 2:
+        plain_misread = self.total_tokens == 1 and (self.depth, self.top_k) != (0, 1)
+        if self.depth < 0 or self.top_k < 1 or self.total_tokens < 1 or plain_misread:
             raise TapsError(
                 f"tree parameters make no tree (total_tokens={self.total_tokens}, depth={self.depth}, top_k={self.top_k}); "
-                "need total_tokens >= 2, depth >= 0, top_k >= 1"
+                "need total_tokens >= 2, depth >= 0, top_k >= 1 (or 1, 0, 1: plain decoding)"
             )
 
     @property
     def levels(self) -> int:
         return self.depth + 1
+
+    @property
+    def plain(self) -> bool:
+        return self.total_tokens == 1
+
+
+PLAIN = TreeConfig(total_tokens=1, depth=0, top_k=1)
 
 
 @dataclass
@@ -121,6 +132,11 @@ def best_nodes(tree: DraftTree, budget: int) -> DraftTree:
     """
     if len(tree) - 1 <= budget:
         return tree
+    return select_nodes(tree, torch.cat([torch.tensor([0]), rerank_order(tree)[:budget]]))
+
+
+def rerank_order(tree: DraftTree) -> torch.Tensor:
+    """The non-root nodes in the order EAGLE-2's rerank keeps them: most confident first, ties shallower first, then
+    in drafting order. `best_nodes` keeps a prefix of it; `--tree auto` replays smaller trees with it."""
     by_depth = torch.argsort(tree.depths[1:], stable=True) + 1
-    ranked = by_depth[torch.argsort(tree.confidence[by_depth], descending=True, stable=True)]
-    return select_nodes(tree, torch.cat([torch.tensor([0]), ranked[:budget]]))
+    return by_depth[torch.argsort(tree.confidence[by_depth], descending=True, stable=True)]

@@ -94,12 +94,16 @@ class VerifierSession:
     def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, HiddenStates]:
         """Logits and hidden states of every tree node, one verifier call."""
         n = len(packed.input_ids)
-        allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
-        key_positions = torch.cat([torch.arange(self.length), packed.position_ids])
+        if n == 1 and set(self.windows.values()) == {None}:
+            mask = None  # the root alone sees the whole prefix: the model's own causal path, as plain decoding
+        else:
+            allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
+            key_positions = torch.cat([torch.arange(self.length), packed.position_ids])
+            mask = self.attention_mask(packed.position_ids, key_positions, allowed)
         out = self.model(
             input_ids=packed.input_ids.to(self.device)[None],
             position_ids=packed.position_ids.to(self.device)[None],
-            attention_mask=self.attention_mask(packed.position_ids, key_positions, allowed),
+            attention_mask=mask,
             cache=self.cache,
             use_cache=True,
             output_hidden_states=self.hidden_states,
