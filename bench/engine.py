@@ -3,9 +3,11 @@ controls, and vLLM's serving speed with and without the draft (T=0, greedy chain
 
 For each drafter checkpoint, every export format vLLM serves is written (float32) and decoded by vLLM on the same
 prompts as taps-train's own chain decoding of the checkpoint (taps_train/engine/agreement.py says what is compared).
-Then deliberately broken copies of the exports (a layer id off by one, another RoPE base, the fc bias dropped, d2t
-shifted, two norms swapped) go through the same comparison, each of which must be told apart. Last, each drafter's
-vllm export is timed without draft recording, vLLM decoding every prompt with and without it, alternately.
+Then deliberately broken copies of the exports (taps_train/engine/controls.py: a layer id off by one, another RoPE
+base, the fc bias dropped, d2t shifted, two norms swapped, a weight dropped or misnamed, biases switched off) go
+through the same comparison, each of which must be caught by the check it names. Last, each drafter's vllm export is
+timed without draft recording, vLLM decoding every prompt with and without it, alternately. The script exits non-zero
+when a genuine export does not agree or a control is not caught (after writing its report).
 
     python bench/engine.py --engine-python ~/vllm-venv/bin/python \\
         --drafter eagle2=checkpoints/smol_eagle2_math/best-step=400.ckpt --drafter hass=checkpoints/smol_hass_math/last.ckpt \\
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from taps_train.drafter.checkpoint import load_drafter
 from taps_train.engine.agreement import Agreement, compare, taps_chains, vllm_chains
-from taps_train.engine.controls import CONTROLS
+from taps_train.engine.controls import CONTROLS, caught
 from taps_train.engine.serve import VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.engine import worker_speeds
@@ -94,7 +96,7 @@ def main() -> None:
                          "checkpoint": checkpoint, **asdict(result_agreement), "verdict": result_agreement.verdict()})
             print(f"{label}: {result_agreement.verdict()}")
     if options.controls and options.agreement:
-        for name, backbone, breaks in CONTROLS:
+        for name, backbone, breaks, checks in CONTROLS:
             if backbone not in drafters:
                 continue
             directory = work / f"broken_{len(controls)}"
@@ -102,7 +104,7 @@ def main() -> None:
             breaks(directory)
             result_agreement, _ = agreement(backbone, directory, f"control_{len(controls)}")
             controls.append({"control": name, "backbone": backbone, **asdict(result_agreement), "verdict": result_agreement.verdict(),
-                             "caught": not result_agreement.agrees})
+                             "must_fire": list(checks), "caught": caught(result_agreement.problems(), checks)})
             print(f"control {name!r} ({backbone}): {result_agreement.verdict()}")
     if options.timing:
         for backbone in drafters:
@@ -119,6 +121,10 @@ def main() -> None:
     (out / "vllm_cpu.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "vllm_cpu.md").write_text(markdown(report))
     print(markdown(report))
+    failures = [f"{row['backbone']} {row['format']} ({row['served']}): {row['verdict']}" for row in rows if row["verdict"] != "agrees"]
+    failures += [f"control {row['control']!r} not caught by {' or '.join(row.get('must_fire', ['its check']))}: {row['verdict']}" for row in controls if not row["caught"]]
+    if failures:
+        raise SystemExit("bench/engine.py: " + "\n  ".join(["the engine check failed:"] + failures))
 
 
 def markdown(report: dict) -> str:

@@ -12,6 +12,7 @@ import torch
 from taps_train.cli import main
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.engine.agreement import compare, taps_chains, vllm_chains
+from taps_train.engine.controls import caught
 from taps_train.engine.serve import WORKER, load_problems, served_draft, vllm_version
 from taps_train.errors import TapsError
 from taps_train.eval.engine import benchmark_result
@@ -136,3 +137,22 @@ def test_eval_engine_refusals_before_any_work(random_verifier_dir, tmp_path, cap
         main(["eval", "--drafters", *drafters, "--verifier", str(random_verifier_dir), "--engine", "vllm", "--engine-python", sys.executable,
               "--output", str(tmp_path / "r.json"), *extra])
     assert message in capsys.readouterr().err
+
+
+def test_each_check_fails_on_its_own():
+    """Outputs that differ from taps-train's, steps vLLM did not take and per-position counts the differing chains
+    cannot explain each fail their own check, so a control can require the one that must catch it."""
+    tokens = list(range(10, 40))
+    chains = [[11, 12, 99], [14, 98, 97], [16, 17, 18], [20, 96, 95]]
+    k, records = 3, [worker_prompt(tokens, chains, 3) for _ in range(2)]
+    result, vllm = {"prompts": records}, vllm_chains(records, 3)
+    assert compare(vllm, vllm_chains(records, k), result, k, []).problems() == []
+    other_output = vllm_chains([worker_prompt(tokens[:-1] + [7], chains, 3)] * 2, k)
+    assert [check for check, _ in compare(vllm, other_output, result, k, []).problems()] == ["outputs"]
+    longer = vllm_chains([worker_prompt(tokens, chains + [[24, 25, 26], [28, 29, 30], [32, 33, 34]], 3)] * 2, k)
+    checks = {check for check, _ in compare(vllm, longer, result, k, []).problems()}
+    assert "coverage" in checks and "positions" not in checks  # its 3 extra steps explain the counts they add
+    miscounted = {"prompts": [dict(r, spec=dict(r["spec"], accepted_per_position=[9, 9, 9])) for r in records]}
+    checks = {check for check, _ in compare(vllm, vllm, miscounted, k, []).problems()}
+    assert checks == {"counters", "positions"}
+    assert caught([("load", "dropped")], ("load",)) and not caught([("chains", "x")], ("load",))

@@ -12,8 +12,6 @@ extra key/value blocks, which is all that training (causal, HASS alignment) and 
 (KV cache + tree mask) need.
 """
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,24 +29,58 @@ from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract
 from taps_train.errors import TapsError
 
 
-@dataclass
 class KVCache:
-    """Keys/values of positions already processed: [B, kv_heads, S, head_dim] each."""
+    """Keys/values of positions already processed, [B, kv_heads, S, head_dim] each, kept in buffers that grow by
+    doubling: an append writes in place and a crop moves the length, so a decoding round costs what it adds, not a
+    copy of the whole context (which `torch.cat` would cost on every call). `keys`/`values` are views of the filled
+    part. The speculative decoder's verifier cache (spec/verify.py) keeps its layers in these too."""
 
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
+    def __init__(self):
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.length = 0
 
     def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return self.length
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.length]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=2)
-        self.values = values if self.values is None else torch.cat([self.values, values], dim=2)
+        end = self.length + keys.shape[2]
+        if self._keys is None or end > self._keys.shape[2]:
+            self._grow(keys, values, end)
+        self._keys[:, :, self.length : end] = keys
+        self._values[:, :, self.length : end] = values
+        self.length = end
+
+    def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
+        capacity = max(needed, 2 * (0 if self._keys is None else self._keys.shape[2]), 64)
+        grown = []
+        for old, new in ((self._keys, keys), (self._values, values)):
+            buffer = new.new_empty(*new.shape[:2], capacity, new.shape[3])
+            if old is not None:
+                buffer[:, :, : self.length] = old[:, :, : self.length]
+            grown.append(buffer)
+        self._keys, self._values = grown
 
     def crop(self, length: int) -> None:
-        """Keep the first `length` positions (a view: the next append copies anyway)."""
-        self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+        """Keep the first `length` positions."""
+        self.length = min(self.length, length)
+
+    def keep(self, start: int, kept: torch.Tensor) -> None:
+        """Keep the first `start` positions and then the positions `start + kept` (ascending), moved to follow them:
+        a copy of `len(kept)` entries, however long the cache."""
+        picked = start + kept.to(self._keys.device)
+        end = start + len(kept)
+        self._keys[:, :, start:end] = self._keys.index_select(2, picked)
+        self._values[:, :, start:end] = self._values.index_select(2, picked)
+        self.length = end
 
 
 class DrafterAttention(nn.Module):

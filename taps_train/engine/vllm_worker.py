@@ -8,7 +8,7 @@ Per prompt: the generated ids and the wall time of the `generate` call, vLLM's
 speculative-decoding counter deltas (drafts, draft tokens, accepted tokens, accepted tokens per position) and, with
 a baseline, the same prompt decoded by the verifier alone (a second engine kept alive next to the first, the order
 alternating per prompt so that drift of the machine's speed cancels). With `record_drafts`, the chain vLLM drafted
-at every step and the probability the draft gave each token (read by wrapping the proposer's greedy sampling: an
+at every step and the probability the draft gave each drafted token (read by wrapping the proposer's greedy sampling: an
 extra LM-head call, so not for timing). Loading is audited: draft weights vLLM drops (its loader ignores unexpected
 `.bias` keys and names its mappers send nowhere) and draft parameters no weight reached. All of this needs the engine
 in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). Progress lines start with `PROGRESS` on stdout, where vLLM
@@ -104,7 +104,9 @@ def _install_audit(audit: _LoadAudit) -> None:
 
 
 def _record_drafts(trace: list[list[tuple[int, float]]]) -> None:
-    """Wrap the proposer's greedy draft sampling: every call appends (token, draft probability) of request 0."""
+    """Wrap the proposer's greedy draft sampling: every call appends (token, the probability the draft gave that token)
+    of request 0. The probability is read at the token vLLM returned, not the distribution's maximum, so a token that
+    is not the draft's argmax (a mapping error after the argmax) shows as a probability below the top one."""
     import torch
     from vllm.v1.spec_decode import llm_base_proposer
 
@@ -113,11 +115,11 @@ def _record_drafts(trace: list[list[tuple[int, float]]]) -> None:
 
     def recorded(self, hidden_states: torch.Tensor) -> torch.Tensor:
         ids = greedy(self, hidden_states)
-        logits = self.model.compute_logits(hidden_states[:1]).float()
-        if self.use_heterogeneous_vocab:
-            logits = self.vocab_mapping.constrain_draft_logits(logits)
+        if self.use_heterogeneous_vocab:  # the draft's logits would be over another tokenizer's ids
+            raise RuntimeError("recording drafts needs a draft that shares the verifier's vocabulary (taps-train's exports do)")
+        logits = self.model.compute_logits(hidden_states[:1]).float()  # over the verifier's vocabulary (EAGLE-3 maps d2t here)
         if trace:
-            trace[-1].append((int(ids[0]), float(torch.softmax(logits[0], dim=-1).max())))
+            trace[-1].append((int(ids[0]), float(torch.softmax(logits[0], dim=-1)[ids[0]])))
         return ids
 
     proposer._greedy_sample = recorded

@@ -63,9 +63,11 @@ def union_trees(trees: list[DraftTree]) -> DraftTree:
     index_of: dict[tuple[int, int], int] = {}
     for source, tree in enumerate(trees):
         local = {0: 0}
+        tokens, parents, depths = tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist()
+        probs, confidence, entropy = tree.probs.tolist(), tree.confidence.tolist(), tree.entropy.tolist()
         for node in range(1, len(tree)):
-            key = (local[int(tree.parents[node])], int(tree.tokens[node]))
-            row = [key[1], key[0], int(tree.depths[node]), float(tree.probs[node]), float(tree.confidence[node]), float(tree.entropy[node]), source]
+            key = (local[parents[node]], tokens[node])
+            row = [key[1], key[0], depths[node], probs[node], confidence[node], entropy[node], source]
             if key not in index_of:
                 index_of[key] = len(rows)
                 rows.append(row)

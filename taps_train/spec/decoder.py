@@ -160,9 +160,9 @@ def _round_stats(tree: DraftTree, acceptance: Acceptance, emitted: int, chosen: 
         tree_tokens=len(tree),
         tree_depth=max_depth,
         chosen=chosen,
-        accepted_confidence=[float(tree.confidence[n]) for n in accepted],
-        accepted_entropy=[float(tree.entropy[n]) for n in accepted],
-        rejected_confidence=[float(tree.confidence[n]) for n in acceptance.rejected],
-        rejected_entropy=[float(tree.entropy[n]) for n in acceptance.rejected],
+        accepted_confidence=tree.confidence[accepted].tolist(),
+        accepted_entropy=tree.entropy[accepted].tolist(),
+        rejected_confidence=tree.confidence[acceptance.rejected].tolist(),
+        rejected_entropy=tree.entropy[acceptance.rejected].tolist(),
         depth_reached=reached,
     )

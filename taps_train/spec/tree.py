@@ -58,6 +58,7 @@ class DraftTree:
     confidence: torch.Tensor
     entropy: torch.Tensor
     source: torch.Tensor = field(default=None)  # which drafter proposed each node (composition strategies)
+    _children: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.source is None:
@@ -67,16 +68,26 @@ class DraftTree:
         return len(self.tokens)
 
     def children(self, node: int) -> list[int]:
-        """Children of `node`, most probable first (the order sampling verification tries them)."""
-        kids = (self.parents == node).nonzero().flatten()
-        return kids[torch.argsort(self.probs[kids], descending=True, stable=True)].tolist()
+        """Children of `node`, most probable first (the order sampling verification tries them). All nodes' lists
+        come from one sort, made on the first call (acceptance asks for several nodes' children per round)."""
+        if self._children is None:
+            by_probability = torch.argsort(self.probs, descending=True, stable=True)
+            order = by_probability[torch.argsort(self.parents[by_probability], stable=True)]  # by parent, then probability
+            counts = torch.bincount(self.parents[order].clamp_min(0), minlength=len(self)).tolist()
+            counts[0] -= 1  # the root (parent -1, sorted first) is nobody's child
+            nodes = order[1:].tolist()
+            self._children, start = [], 0
+            for count in counts:
+                self._children.append(nodes[start : start + count])
+                start += count
+        return self._children[node]
 
     def ancestor_mask(self) -> torch.Tensor:
-        """[N, N] bool: node i may attend to node j iff j is i or one of its ancestors."""
-        n = len(self)
-        mask = torch.eye(n, dtype=torch.bool)
-        for node in range(1, n):
-            mask[node] |= mask[int(self.parents[node])]
+        """[N, N] bool: node i may attend to node j iff j is i or one of its ancestors (built level by level)."""
+        mask = torch.eye(len(self), dtype=torch.bool)
+        for depth in range(1, int(self.depths.max()) + 1):
+            nodes = (self.depths == depth).nonzero().flatten()
+            mask[nodes] |= mask[self.parents[nodes]]
         return mask
 
     def mean_confidence(self) -> float:

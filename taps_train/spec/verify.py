@@ -11,9 +11,10 @@ tree), so compacting the cache to the accepted path is one index select on every
 """
 
 import torch
-from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
 
+from taps_train.drafter import KVCache
 from taps_train.errors import TapsError
 from taps_train.spec.tree import PackedTree
 
@@ -39,6 +40,64 @@ def layer_windows(config: PretrainedConfig) -> dict[str, int | None]:
     return {layer_type: sizes.pop() for layer_type, sizes in windows.items()}
 
 
+class BufferedLayer(DynamicLayer):
+    """A transformers cache layer whose keys and values live in a `KVCache` (buffers written in place), so that a
+    verifier call costs what it adds, not a copy of the whole context as `DynamicLayer`'s concatenation does."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.store = KVCache()
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.store.append(key_states, value_states)
+        self.keys, self.values = self.store.keys, self.store.values
+        return self.keys, self.values
+
+    def keep(self, start: int, kept: torch.Tensor) -> None:
+        self.store.keep(start, kept)
+        self.keys, self.values = self.store.keys, self.store.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove < 0 and self.is_initialized:
+            self.store.crop(len(self.store) + tokens_to_remove)
+            self.keys, self.values = self.store.keys, self.store.values
+
+
+class OpenPrefixMask:
+    """The additive mask of a tree call when every layer sees the whole prefix: [1, 1, n, prefix + n], zero over the
+    prefix and the tree's ancestor mask after it. It lives in one buffer on the verifier's device that stays zero
+    except for the block a call writes (and clears after the call), so a round moves n x n values to the device, not
+    n x context, and allocates nothing while the buffer is large enough (it doubles when it is not)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.buffer = torch.zeros(0, 0, dtype=dtype, device=device)
+        self.written: tuple[int, int] | None = None  # (rows, first column) of the block in use
+
+    def write(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
+        n, end = len(tree_mask), prefix + len(tree_mask)
+        rows, columns = self.buffer.shape
+        if n > rows or end > columns:
+            self.buffer = torch.zeros(max(n, rows), max(end, 2 * columns, 256), dtype=self.dtype, device=self.device)
+        block = torch.zeros(tree_mask.shape, dtype=self.dtype).masked_fill(~tree_mask, torch.finfo(self.dtype).min)
+        self.buffer[:n, prefix:end] = block.to(self.device)
+        self.written = (n, prefix)
+        return self.buffer[None, None, :n, :end]
+
+    def clear(self) -> None:
+        """Zero the block the last `write` put in (nothing if none is in use)."""
+        if self.written is not None:
+            n, prefix = self.written
+            self.buffer[:n, prefix : prefix + n] = 0
+            self.written = None
+
+
 HiddenStates = dict[int, torch.Tensor]  # transformers `hidden_states` index -> [n, H] (float32), only those asked for
 
 
@@ -56,9 +115,10 @@ class VerifierSession:
         self.model = model
         self.hidden_states = list(hidden_states)
         self.windows = layer_windows(config)
-        self.cache = DynamicCache()  # no config: full-length layers everywhere, windows live in the masks
+        self.cache = Cache(layer_class_to_replicate=BufferedLayer)  # full-length layers everywhere, windows live in the masks
         self.length = 0
         self.max_length = getattr(config, "max_position_embeddings", None)
+        self.open_prefix_mask = OpenPrefixMask(model.dtype, self.device)
 
     @property
     def device(self) -> torch.device:
@@ -94,20 +154,25 @@ class VerifierSession:
     def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, HiddenStates]:
         """Logits and hidden states of every tree node, one verifier call."""
         n = len(packed.input_ids)
-        if n == 1 and set(self.windows.values()) == {None}:
-            mask = None  # the root alone sees the whole prefix: the model's own causal path, as plain decoding
-        else:
+        if set(self.windows.values()) != {None}:  # windows cut the prefix by position: the whole mask, every call
             allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
             key_positions = torch.cat([torch.arange(self.length), packed.position_ids])
             mask = self.attention_mask(packed.position_ids, key_positions, allowed)
-        out = self.model(
-            input_ids=packed.input_ids.to(self.device)[None],
-            position_ids=packed.position_ids.to(self.device)[None],
-            attention_mask=mask,
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=self.hidden_states,
-        )
+        elif n == 1:
+            mask = None  # the root alone sees the whole prefix: the model's own causal path, as plain decoding
+        else:
+            mask = self.open_prefix_mask.write(packed.tree_mask, self.length)
+        try:
+            out = self.model(
+                input_ids=packed.input_ids.to(self.device)[None],
+                position_ids=packed.position_ids.to(self.device)[None],
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                output_hidden_states=self.hidden_states,
+            )
+        finally:
+            self.open_prefix_mask.clear()
         return out.logits[0].float(), self._states(out)
 
     def _states(self, out) -> HiddenStates:
@@ -116,10 +181,7 @@ class VerifierSession:
     def commit(self, path: list[int]) -> None:
         """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache: the path's
         entries move to the front of the tree's slots, so the copy is the path's size, not the cache's."""
-        start = self.length
-        for layer in self.cache.layers:  # layers may sit on several devices (a sharded verifier)
-            picked = start + torch.tensor(path, dtype=torch.long, device=layer.keys.device)
-            layer.keys[..., start : start + len(path), :] = layer.keys.index_select(-2, picked)
-            layer.values[..., start : start + len(path), :] = layer.values.index_select(-2, picked)
-            layer.keys, layer.values = layer.keys[..., : start + len(path), :], layer.values[..., : start + len(path), :]
+        kept = torch.tensor(path, dtype=torch.long)
+        for layer in self.cache.layers:  # layers may sit on several devices (a sharded verifier): keep() moves `kept`
+            layer.keep(self.length, kept)
         self.length += len(path)
