@@ -139,6 +139,10 @@ EOF
 }
 stage lossless lossless
 
+# The decoder's round time against context length (a 1k-token prompt decoded for 1k tokens) on this device.
+stage round_profile python bench/round_profile.py --verifier "$VERIFIER" --drafter "$CKPT" --device "$DEVICE" \
+  --verifier-dtype "$DTYPE" --prompts 1 --long-context
+
 # Wall-clock speedup on this device: HF greedy, HF prompt lookup and taps-train with --tree auto, one run.
 stage speedup python bench/speedup.py --verifier "$VERIFIER" --drafters "$CKPT" --device "$DEVICE" --verifier-dtype "$DTYPE" \
   --benchmarks math_heldout --prompts 4 --max-new-tokens 64
