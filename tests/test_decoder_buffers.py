@@ -41,6 +41,10 @@ def test_open_prefix_mask_writes_only_the_tree_block_and_clears_it():
         assert torch.equal(written[0, 0, :, prefix:] == 0, tree_mask)
         mask.clear()
         assert torch.count_nonzero(mask.buffer) == 0
+    for n in range(1, 61):  # trees of every size at one prefix (as calibration times them): no side grows needlessly
+        mask.write(torch.ones(n, n, dtype=torch.bool).tril(), 300)
+        mask.clear()
+    assert mask.buffer.shape == (96, 512)  # rows 3 -> 6 -> ... -> 96; columns 256 -> 512 (prefix 300), never more
 
 
 def random_tree(seed: int, size: int = 40) -> DraftTree:

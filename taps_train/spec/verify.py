@@ -83,8 +83,9 @@ class OpenPrefixMask:
     def write(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
         n, end = len(tree_mask), prefix + len(tree_mask)
         rows, columns = self.buffer.shape
-        if n > rows or end > columns:
-            self.buffer = torch.zeros(max(n, rows), max(end, 2 * columns, 256), dtype=self.dtype, device=self.device)
+        if n > rows or end > columns:  # each side doubles only when it is too small
+            rows, columns = (rows if n <= rows else max(n, 2 * rows)), (columns if end <= columns else max(end, 2 * columns, 256))
+            self.buffer = torch.zeros(rows, columns, dtype=self.dtype, device=self.device)
         block = torch.zeros(tree_mask.shape, dtype=self.dtype).masked_fill(~tree_mask, torch.finfo(self.dtype).min)
         self.buffer[:n, prefix:end] = block.to(self.device)
         self.written = (n, prefix)
