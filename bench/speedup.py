@@ -27,7 +27,7 @@ from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.spec.calibrate import calibrate_tree
 from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.greedy_check import check_greedy_reply, not_lossless
+from taps_train.spec.greedy_check import check_greedy_reply, not_lossless, too_many_ties
 from taps_train.spec.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
@@ -114,6 +114,11 @@ def main() -> None:
                     raise not_lossless(f"{name}, prompt {index + 1}", method, check.divergence)
                 ties[name, method] += check.ties
                 checked[name, method] += check.tokens
+
+    for (name, method), count in ties.items():  # as taps-train eval: more ties than plain decoding's explain is an error
+        problem = too_many_ties(f"{name}, {method}", count, checked[name, method], (ties[name, "HF greedy"], checked[name, "HF greedy"]))
+        if problem and method != "HF greedy":
+            raise SystemExit(f"bench/speedup.py: {problem}")
 
     width = max(map(len, names))
     for name, prompts in benchmarks.items():

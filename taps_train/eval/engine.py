@@ -130,8 +130,9 @@ def worker_speeds(records: list[dict]) -> PromptSpeeds:
 def _greedy_check(options: argparse.Namespace, records: list[dict], prompts: list[list[int]], benchmark: str, eos: list[int],
                   verifier: dict) -> tuple[int, int]:
     """(ties, tokens checked): the complete T=0 check (greedy_check) of every output vLLM decoded with the draft, and of
-    its plain output where the two differ, by the verifier loaded here once (`verifier` holds it across benchmarks).
-    A divergence, or more ties than rounding explains, is an error: vLLM was not lossless there."""
+    its plain output (the same check, so that rounding's share of ties is known), by the verifier loaded here once
+    (`verifier` holds it across benchmarks). A divergence, or more ties than rounding explains, is an error: vLLM was
+    not lossless there."""
     if "model" not in verifier:
         verifier["model"] = load_verifier(options.verifier, options.device, VLLM_DTYPES[options.verifier_dtype]).model
     def checked(prompt: list[int], reply: list[int], where: str, decoding: str) -> ReplyCheck:
@@ -140,14 +141,14 @@ def _greedy_check(options: argparse.Namespace, records: list[dict], prompts: lis
             raise not_lossless(where, decoding, check.divergence)
         return check
 
-    ties = tokens = 0
+    ties = tokens = plain_ties = plain_tokens = 0
     for index, (record, prompt) in enumerate(zip(records, prompts)):
         where = f"benchmark {benchmark}, prompt {index + 1}"
         draft = checked(prompt, record["tokens"], where, "vLLM with the draft")
         ties, tokens = ties + draft.ties, tokens + draft.tokens
-        if record["baseline_tokens"] != record["tokens"]:
-            checked(prompt, record["baseline_tokens"], where, "vLLM's plain decoding")
-    problem = too_many_ties(f"benchmark {benchmark} (vLLM)", ties, tokens)
+        plain = draft if record["baseline_tokens"] == record["tokens"] else checked(prompt, record["baseline_tokens"], where, "vLLM's plain decoding")
+        plain_ties, plain_tokens = plain_ties + plain.ties, plain_tokens + plain.tokens
+    problem = too_many_ties(f"benchmark {benchmark} (vLLM)", ties, tokens, (plain_ties, plain_tokens))
     if problem:
         raise problem
     return ties, tokens

@@ -49,6 +49,8 @@ class BenchmarkTally:
     greedy_parted: int = 0  # ... whose output was not plain greedy decoding's (they parted at a near-tie)
     greedy_checked_tokens: int = 0  # tokens the complete check went over
     greedy_ties: int = 0  # ... that were tied with the verifier's argmax within rounding, not the argmax
+    plain_checked_tokens: int = 0  # the same of plain decoding's outputs (with a baseline): how often rounding ties
+    plain_ties: int = 0
 
     def add_prompt(self, generations: list[Generation], seconds: float) -> None:
         """One decoded prompt (its turns' generations and the seconds they took), the unit intervals resample."""
@@ -122,7 +124,8 @@ class BenchmarkTally:
         """Tokens/s of speculative decoding, and with a baseline its plain decoding's and the speedup with its interval."""
         fields = self.speed.report_fields(self.baseline)
         if self.greedy_compared:
-            problem = too_many_ties(f"benchmark {self.label or '(unnamed)'}", self.greedy_ties, self.greedy_checked_tokens)
+            plain = (self.plain_ties, self.plain_checked_tokens) if self.baseline else None
+            problem = too_many_ties(f"benchmark {self.label or '(unnamed)'}", self.greedy_ties, self.greedy_checked_tokens, plain)
             if problem:
                 raise problem
             fields["identical_to_greedy"] = self.greedy_parted == 0
@@ -277,7 +280,9 @@ def _check_lossless(decoder: SpeculativeDecoder, speculative: Turns, plain: Turn
     tally.greedy_ties += ties
     if speculative.replies != plain.replies:
         tally.greedy_parted += 1
-        _check_turns(decoder, plain, tally.max_new_tokens, where, "plain decoding")
+        tokens, ties = _check_turns(decoder, plain, tally.max_new_tokens, where, "plain decoding")
+    tally.plain_checked_tokens += tokens
+    tally.plain_ties += ties
 
 
 def _check_turns(decoder: SpeculativeDecoder, turns: Turns, max_new_tokens: int, where: str, decoding: str) -> tuple[int, int]:
