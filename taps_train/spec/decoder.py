@@ -96,7 +96,8 @@ class SpeculativeDecoder:
         (progress for callers: a round of a real verifier on a CPU takes seconds)."""
         from taps_train.spec.verify import VerifierSession
 
-        session = VerifierSession(self.verifier, tuple(sorted({i for d in self.drafters for i in d.feature_contract().hidden_state_indices})))
+        drafted = () if self.tree.plain else self.drafters  # the plain tree consults no drafter: no hidden states to keep
+        session = VerifierSession(self.verifier, tuple(sorted({i for d in drafted for i in d.feature_contract().hidden_state_indices})))
         limit = session.max_length
         if limit is not None and len(prompt_ids) + max_new_tokens + self.tree.levels + 1 > limit:
             raise TapsError(
