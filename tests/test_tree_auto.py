@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 
 from taps_train.cli import main
 from taps_train.eval.report import read_report
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.calibrate import Replay, calibrate_tree, capacity, monotone, shapes, top_ks
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import TreeConfig
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.calibrate import Replay, calibrate_tree, capacity, monotone, shapes, top_ks
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.tree import TreeConfig
+from taps_train.decoding.verify import VerifierSession
 from tests.test_eval import FIXTURES, checkpoint, recipe  # noqa: F401 (fixtures)
 from tests.test_spec import random_drafter, tiny_vocab_verifier
 
@@ -85,7 +85,7 @@ def test_the_call_cost_curve_is_made_non_decreasing_by_least_squares():
 def test_calibration_chooses_plain_decoding_where_no_tree_is_expected_to_beat_it(monkeypatch, steep):
     """With a verifier call of two tokens 50x the cost of one, no tree can pay and plain decoding is chosen (and no gate
     is needed); with every call as costly as one, a drafter that accepts tokens wins with a tree, gated at its break-even."""
-    from taps_train.spec import calibrate
+    from taps_train.decoding import calibrate
 
     def costs(model, hidden_indices, ids, largest):
         sizes = sorted({s for s in calibrate.CALL_SIZES if s <= largest} | {largest})

@@ -31,11 +31,11 @@ from transformers import PreTrainedModel
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.gate import GateConfig
-from taps_train.spec.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.gate import GateConfig
+from taps_train.decoding.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
+from taps_train.decoding.verify import VerifierSession
 
 CALL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 TOP_KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from taps_train.errors import TapsError
-from taps_train.spec.baseline import input_device
+from taps_train.decoding.baseline import input_device
 
 TIE_SHARE = 1 / 200  # tied tokens above this share of a benchmark's checked tokens: an error, not rounding
 
