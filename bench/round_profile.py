@@ -12,7 +12,8 @@
       bookkeeping <= 5% of the long run.
 
     python bench/round_profile.py --verifier smollm2-135m --drafter checkpoints/smol_eagle2_math/last.ckpt --long-context
-    python bench/round_profile.py --verifier taps-standin --backbone eagle2 --long-context   # random drafter, Llama-3 shapes
+    taps-train verifier standin checkpoints/standin     # random weights, Llama-3 shapes: 128k vocabulary, GQA, 8 x 1024
+    python bench/round_profile.py --verifier checkpoints/standin --backbone eagle2 --long-context   # random drafter
 """
 
 import argparse
@@ -24,6 +25,7 @@ from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from taps_train.drafter import build_drafter
 from taps_train.drafter.checkpoint import load_drafter
@@ -33,7 +35,7 @@ from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.decoding.decoder import SpeculativeDecoder
 from taps_train.decoding.tree import TreeConfig, chain, pack
-from taps_train.decoding.verify import VerifierSession
+from taps_train.decoding.verify import BufferedLayer, VerifierSession
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier
@@ -115,8 +117,10 @@ def tree_call_ratio(model, prompt: list[int], size: int, repeats: int) -> tuple[
 
 
 def plain_call_seconds(model, ids: list[int], context: int, size: int, repeats: int) -> float:
-    """Best-of-`repeats` seconds of the verifier's own cached forward of `size` tokens after `context` tokens."""
-    cache = DynamicCache()
+    """Best-of-`repeats` seconds of the verifier's own causal forward of `size` tokens after `context` cached tokens,
+    in the decoder's in-place cache (a `DynamicCache` would add a copy of the context to every call, which is not
+    the attention's growth)."""
+    cache = Cache(layer_class_to_replicate=BufferedLayer)
     with torch.no_grad():
         model(input_ids=torch.tensor([ids[:context]], device=model.device), cache=cache, use_cache=True, logits_to_keep=1)
     block = torch.tensor([ids[context : context + size]], device=model.device)

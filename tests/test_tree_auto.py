@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from taps_train.cli import main
 from taps_train.eval.report import read_report
 from taps_train.decoding.baseline import plain_generate
-from taps_train.decoding.calibrate import Replay, calibrate_tree, capacity, monotone, shapes, top_ks
+from taps_train.decoding.calibrate import Replay, call_sizes, calibrate_tree, capacity, shapes, top_ks
 from taps_train.decoding.draft import DrafterState
 from taps_train.decoding.tree import TreeConfig
 from taps_train.decoding.verify import VerifierSession
@@ -74,11 +74,28 @@ def accepted_length(tree, continuation: list[int]) -> int:
     return accepted
 
 
-def test_the_call_cost_curve_is_made_non_decreasing_by_least_squares():
-    assert monotone({1: 50.0, 2: 74.0, 3: 91.0, 4: 69.0, 6: 95.0}) == {1: 50.0, 2: 74.0, 3: 80.0, 4: 80.0, 6: 95.0}
-    assert monotone({1: 3.0, 2: 2.0, 3: 1.0}) == {1: 2.0, 2: 2.0, 3: 2.0}
-    rising = {1: 1.0, 2: 1.5, 4: 4.0}
-    assert monotone(rising) == rising
+def test_costs_are_timed_until_stable_at_every_searched_size(monkeypatch):
+    """A cost that varies more than STABLE allows gets more rounds (up to MAX_ROUNDS); steady costs stop at ROUNDS.
+    The call sizes are exactly the searched shapes' (and 1), so no cost is interpolated or reshaped."""
+    from taps_train.decoding import calibrate
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock) / 1000)  # every run "takes" 1 ms
+    calls = {"steady": 0, "noisy": 0}
+
+    def run(key, noisy):
+        def timed():
+            calls[key] += 1
+            if noisy and calls[key] % 2:
+                next(clock), next(clock)  # every other run takes 3 ms
+        return timed
+
+    medians, spread = calibrate._timed({"steady": run("steady", False)})
+    assert calls["steady"] == calibrate.ROUNDS + 1 and medians["steady"] == pytest.approx(1.0) and spread["steady"] < 1e-9
+    medians, spread = calibrate._timed({"noisy": run("noisy", True)})
+    assert calls["noisy"] == calibrate.MAX_ROUNDS + 1 and spread["noisy"] > calibrate.STABLE
+    bound = TreeConfig(16, 3, 4)
+    assert calibrate.call_sizes(bound) == sorted({1} | {shape.total_tokens for shape in shapes(bound)})
 
 
 @pytest.mark.parametrize("steep", [True, False], ids=["calls-steep:plain", "calls-flat:tree"])
@@ -87,8 +104,7 @@ def test_calibration_chooses_plain_decoding_where_no_tree_is_expected_to_beat_it
     is needed); with every call as costly as one, a drafter that accepts tokens wins with a tree, gated at its break-even."""
     from taps_train.decoding import calibrate
 
-    def costs(model, hidden_indices, ids, largest):
-        sizes = sorted({s for s in calibrate.CALL_SIZES if s <= largest} | {largest})
+    def costs(model, hidden_indices, ids, sizes):
         return {s: (10.0 if s == 1 or not steep else 500.0) for s in sizes}, {s: 0.0 for s in sizes}
 
     monkeypatch.setattr(calibrate, "_call_costs", costs)
@@ -108,9 +124,8 @@ def test_calibration_measures_a_cost_curve_and_picks_the_fastest_expected_shape(
     bound = TreeConfig(total_tokens=16, depth=3, top_k=4)
     calibration = calibrate_tree(verifier, drafter, [PROMPT, PROMPT[::-1]], set(), bound, continuation_tokens=16)
     call_ms = calibration.costs.call_ms
-    assert sorted(call_ms) == [1, 2, 3, 4, 6, 8, 12, 16] and all(ms > 0 for ms in call_ms.values())
-    assert all(call_ms[a] <= call_ms[b] for a, b in zip(sorted(call_ms), sorted(call_ms)[1:]))  # the monotone fit
-    assert sorted(calibration.call_ms_measured) == sorted(call_ms) and all(s >= 0 for s in calibration.call_ms_spread.values())
+    assert sorted(call_ms) == call_sizes(bound) and all(ms > 0 for ms in call_ms.values())
+    assert sorted(calibration.call_ms_spread) == sorted(call_ms) and all(s >= 0 for s in calibration.call_ms_spread.values())
     assert set(calibration.costs.draft_ms) == {(s.depth, s.top_k) for s in shapes(bound)}
     ranking = calibration.ranking
     assert ranking[0] == calibration.choice and all(a.tokens_per_s >= b.tokens_per_s for a, b in zip(ranking, ranking[1:]))

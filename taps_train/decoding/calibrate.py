@@ -6,9 +6,12 @@ so the paper's wide trees win; on a CPU the cost grows with every token and smal
 (τ 1 at the cost of a 1-token call) is a candidate too: where no tree is expected to beat it, it is the choice.
 
 - Costs: every cost is timed in interleaved rounds (each round times every size once, so a slow spell of the
-  machine falls on all sizes alike) and its median kept, with its spread (interquartile range / median). The
-  verifier's call cost, which can only grow with the tokens of a call, is made non-decreasing over the sizes
-  (a monotone least-squares fit): one noisy size cannot make a wider tree look cheaper than a narrower one.
+  machine falls on all sizes alike) and its median kept, with its spread (interquartile range / median); rounds are
+  added while a spread stays above `STABLE`. The verifier is timed at every size a searched shape has, not on a
+  ladder: its cost need not grow with the tokens of a call. On this project's 2-core CPU (torch 2.13, fp32
+  SmolLM2) a call of 2 or 3 tokens costs more than one of 4 or 8 (57, 97, 118, 88, 83 ms for 1, 2, 3, 4, 8
+  tokens, reproducibly: the BLAS kernels for few rows are slower), so neither interpolation between sizes nor a
+  monotone fit would be true there.
 - τ: on a few calibration prompts the verifier's greedy continuation is the path any tree must hold to be
   accepted at T=0. At each position of it the drafter drafts, for every top_k searched, the whole tree of the
   largest depth (no node dropped). A shape (total tokens, depth, top_k) is then exactly that tree's first
@@ -37,10 +40,11 @@ from taps_train.decoding.gate import GateConfig
 from taps_train.decoding.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
 from taps_train.decoding.verify import VerifierSession
 
-CALL_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 TOP_KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 TOTAL_TOKENS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60, 64, 80, 96, 128)
 ROUNDS = 7  # interleaved timing rounds after a warm-up one; the median of each cost is kept
+STABLE = 0.1  # rounds are added (up to MAX_ROUNDS) while a cost's interquartile range exceeds this share of its median
+MAX_ROUNDS = 21
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Milliseconds of a round's parts as measured: a verifier call by its tokens (the monotone fit, interpolated
-    between sizes), drafting by (depth, top_k), and committing an accepted path."""
+    """Milliseconds of a round's parts as measured: a verifier call by its tokens (every searched size measured;
+    other sizes, such as a composition's merged tree, interpolated), drafting by (depth, top_k), and committing an
+    accepted path."""
 
     call_ms: dict[int, float]
     draft_ms: dict[tuple[int, int], float]
@@ -102,9 +107,8 @@ class TreeCalibration:
 
     choice: Candidate
     plain: Candidate  # plain decoding, the candidate every tree must beat
-    costs: CostModel  # the call curve is the monotone fit of `call_ms_measured`
-    call_ms_measured: dict[int, float]  # medians of the interleaved rounds
-    call_ms_spread: dict[int, float]  # their interquartile range / median
+    costs: CostModel
+    call_ms_spread: dict[int, float]  # interquartile range / median of each call cost
     draft_ms_spread: float  # the largest spread among the drafting costs
     positions: int  # continuation positions the acceptance was replayed at
     ranking: list[Candidate]  # the best shapes, best first
@@ -118,7 +122,6 @@ class TreeCalibration:
             "plain_chosen": self.choice.tree.plain,
             "plain_tokens_per_s": round(self.plain.tokens_per_s, 3),
             "call_ms_by_tokens": {str(size): round(ms, 3) for size, ms in self.costs.call_ms.items()},
-            "call_ms_measured": {str(size): round(ms, 3) for size, ms in self.call_ms_measured.items()},
             "call_ms_spread": {str(size): round(spread, 4) for size, spread in self.call_ms_spread.items()},
             "draft_ms_by_depth_top_k": {f"{depth},{k}": round(ms, 3) for (depth, k), ms in self.costs.draft_ms.items()},
             "draft_ms_largest_spread": round(self.draft_ms_spread, 4),
@@ -201,14 +204,14 @@ def calibrate_tree(model: PreTrainedModel, drafter: DrafterBackbone, prompts: li
     if not positions:
         raise TapsError("--tree auto: the calibration prompts' greedy replies are too short to measure acceptance; "
                         "use other benchmarks or a larger --max-new-tokens")
-    call_medians, call_spread = _call_costs(model, hidden_indices, prompts[0], bound.total_tokens)
+    call_medians, call_spread = _call_costs(model, hidden_indices, prompts[0], call_sizes(bound))
     draft_medians, draft_spread, commit_ms = _draft_costs(model, drafter, hidden_indices, prompts[0], bound)
-    costs = CostModel(monotone(call_medians), draft_medians, commit_ms)
+    costs = CostModel(call_medians, draft_medians, commit_ms)
     plain = Candidate(PLAIN, 1.0, costs.round_ms(PLAIN))
     scored = [Candidate(shape, 1 + float(np.mean([r.accepted(shape) for r in replays[shape.top_k]])), costs.round_ms(shape))
               for shape in shapes(bound)]
     ranking = sorted([plain, *scored], key=lambda c: -c.tokens_per_s)
-    return TreeCalibration(ranking[0], plain, costs, call_medians, call_spread, max(draft_spread.values()), positions, ranking[:keep])
+    return TreeCalibration(ranking[0], plain, costs, call_spread, max(draft_spread.values()), positions, ranking[:keep])
 
 
 @torch.no_grad()
@@ -230,40 +233,34 @@ def _record_replays(model, drafter, hidden_indices, ids: list[int], continuation
     return replays
 
 
-def _timed(runs: dict, rounds: int = ROUNDS) -> tuple[dict, dict]:
+def _timed(runs: dict) -> tuple[dict, dict]:
     """Median milliseconds of every run and its spread (interquartile range / median), timed in interleaved rounds
-    after one warm-up round."""
+    after one warm-up round: `ROUNDS`, then more while a spread exceeds `STABLE`, up to `MAX_ROUNDS`."""
     times = {key: [] for key in runs}
-    for round_index in range(rounds + 1):
+    for round_index in range(MAX_ROUNDS + 1):
         for key, run in runs.items():
             began = time.perf_counter()
             run()
             if round_index:
                 times[key].append(1000 * (time.perf_counter() - began))
-    medians = {key: statistics.median(values) for key, values in times.items()}
-    spread = {}
-    for key, values in times.items():
-        low, _, high = statistics.quantiles(values, n=4)
-        spread[key] = (high - low) / medians[key] if medians[key] > 0 else 0.0
-    return medians, spread
+        if round_index >= ROUNDS and max(_spread(values) for values in times.values()) <= STABLE:
+            break
+    return {key: statistics.median(values) for key, values in times.items()}, {key: _spread(values) for key, values in times.items()}
 
 
-def monotone(costs: dict[int, float]) -> dict[int, float]:
-    """The non-decreasing curve nearest (least squares) to `costs` by size: adjacent sizes that break the order are
-    pooled to their mean (pool-adjacent-violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for size in sorted(costs):
-        blocks.append([costs[size], 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            value, count = blocks.pop()
-            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + value * count) / (blocks[-1][1] + count), blocks[-1][1] + count]
-    fitted = [value for value, count in blocks for _ in range(count)]
-    return dict(zip(sorted(costs), fitted))
+def _spread(values: list[float]) -> float:
+    low, median, high = statistics.quantiles(values, n=4)
+    return (high - low) / median if median > 0 else 0.0
+
+
+def call_sizes(bound: TreeConfig) -> list[int]:
+    """The verifier call sizes to time: one token (plain decoding) and every size a searched shape has."""
+    return sorted({1} | {shape.total_tokens for shape in shapes(bound)})
 
 
 @torch.no_grad()
-def _call_costs(model, hidden_indices, ids: list[int], largest: int) -> tuple[dict[int, float], dict[int, float]]:
-    """Milliseconds of one tree call of each ladder size after the prompt (the cache cut back after each), and their
+def _call_costs(model, hidden_indices, ids: list[int], sizes: list[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """Milliseconds of one tree call of each size after the prompt (the cache cut back after each), and their
     spread."""
     session = VerifierSession(model, tuple(hidden_indices))
     session.prefill(torch.tensor(ids))
@@ -276,7 +273,7 @@ def _call_costs(model, hidden_indices, ids: list[int], largest: int) -> tuple[di
 
         return run
 
-    return _timed({size: call(pack(chain((ids * size)[:size]), prefix)) for size in sorted({s for s in CALL_SIZES if s <= largest} | {largest})})
+    return _timed({size: call(pack(chain((ids * size)[:size]), prefix)) for size in sizes})
 
 
 @torch.no_grad()

@@ -75,11 +75,13 @@ class KVCache:
 
     def keep(self, start: int, kept: torch.Tensor) -> None:
         """Keep the first `start` positions and then the positions `start + kept` (ascending), moved to follow them:
-        a copy of `len(kept)` entries, however long the cache."""
-        picked = start + kept.to(self._keys.device)
+        a copy of `len(kept)` entries, however long the cache, and none when they are in place already (a plain round,
+        a chain accepted from its start)."""
         end = start + len(kept)
-        self._keys[:, :, start:end] = self._keys.index_select(2, picked)
-        self._values[:, :, start:end] = self._values.index_select(2, picked)
+        if not torch.equal(kept.cpu(), torch.arange(len(kept))):
+            picked = start + kept.to(self._keys.device)
+            self._keys[:, :, start:end] = self._keys.index_select(2, picked)
+            self._values[:, :, start:end] = self._values.index_select(2, picked)
         self.length = end
 
 
