@@ -114,8 +114,8 @@ import torch
 from taps_train.drafter.checkpoint import load_drafter
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import chat_ids
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import load_verifier
 

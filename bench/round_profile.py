@@ -33,9 +33,9 @@ from taps_train.drafter.eagle3 import eagle3_config
 from taps_train.drafter.model import Drafter
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import TreeConfig, chain, pack
-from taps_train.spec.verify import BufferedLayer, VerifierSession
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import TreeConfig, chain, pack
+from taps_train.decoding.verify import BufferedLayer, VerifierSession
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier

@@ -20,8 +20,8 @@ from taps_train.drafter.checkpoint import load_drafter
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.callback import AcceptanceLengthCallback
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import DraftTree, TreeConfig, chain
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import DraftTree, TreeConfig, chain
 from taps_train.training import HassModule
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import load_verifier

@@ -4,7 +4,7 @@
   - HF prompt lookup: transformers' own draft-free speculative method (`prompt_lookup_num_tokens=k`)
   - taps-train: speculative decoding with each drafter given, its tree chosen by `--tree auto` (or fixed); with `--tree auto`
     calibrated on one more prompt per benchmark than those timed, and rounds gated to plain decoding while speculation
-    does not pay (taps_train/spec/gate.py)
+    does not pay (taps_train/decoding/gate.py)
 
 Methods run one after another on every prompt, the order rotating per prompt so that the machine's drift
 cancels; every output is compared with HF greedy's token for token. Prints tokens/s per benchmark and method,
@@ -25,10 +25,10 @@ import torch
 from taps_train.drafter.checkpoint import load_drafter
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.spec.calibrate import calibrate_tree
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.greedy_check import check_greedy_reply, not_lossless, too_many_ties
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.calibrate import calibrate_tree
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.greedy_check import check_greedy_reply, not_lossless, too_many_ties
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier

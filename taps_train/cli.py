@@ -28,6 +28,7 @@ TOOL_COMMANDS = {
     "verifier": "build the offline tiny verifier, convert GGUF models, inspect and sample any verifier; build a Llama-3-shaped stand-in",
     "report": "tables (markdown) and plots (PNG) of the paper's views from eval reports",
     "study": "the TAPS experiment from one YAML: fit every backbone x domain/mixture, eval every drafter and strategy, report (resumable)",
+    "configs": "list the configs taps-train ships (ls) or copy one with the recipes it names into a directory (cp)",
 }
 USAGE = "\n".join(
     [
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> None:
             run_report_command(args[1:])
         elif command == "study":
             run_study_command(args[1:])
+        elif command == "configs":
+            from taps_train.shipped import run_configs_command
+
+            run_configs_command(args[1:])
         else:
             print(f"taps-train: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
             sys.exit(2)
@@ -284,7 +289,7 @@ def run_export_command(args: list[str]) -> None:
         export_eagle,
         tau_table_from_reports,
     )
-    from taps_train.spec.tree import TreeConfig
+    from taps_train.decoding.tree import TreeConfig
     from taps_train.eval.settings import calibrated_tree
     from taps_train.verifier.loading import DTYPES
 

@@ -69,8 +69,8 @@ from taps_train.drafter.eagle3 import draft_token_ids, token_maps
 from taps_train.drafter.features import FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
-from taps_train.spec.strategies import STRATEGIES
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.strategies import STRATEGIES
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import DTYPES, VerifierFiles, read_verifier_files
 from taps_train.verifier.portable import portable_config

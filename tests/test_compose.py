@@ -7,12 +7,12 @@ from transformers import AutoModelForCausalLM
 from taps_train.drafter.average import average_checkpoints
 from taps_train.drafter.checkpoint import drafter_from_checkpoint
 from taps_train.errors import TapsError
-from taps_train.spec.compose import merge_trees, union_trees
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.strategies import STRATEGIES
-from taps_train.spec.tree import TreeConfig, pack
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.compose import merge_trees, union_trees
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.strategies import STRATEGIES
+from taps_train.decoding.tree import TreeConfig, pack
+from taps_train.decoding.verify import VerifierSession
 from tests.test_spec import (
     PROMPTS,
     assert_same_distribution,
@@ -101,7 +101,7 @@ def test_sampled_output_matches_the_verifier_distribution(strategy):
     drafters = [random_drafter(verifier, 21), random_drafter(verifier, 22)]
     prompt, vocab = [2, 4, 1], verifier.config.vocab_size
     with torch.no_grad():
-        from taps_train.spec.accept import verifier_distribution
+        from taps_train.decoding.accept import verifier_distribution
 
         first = verifier_distribution(verifier(torch.tensor([prompt])).logits[0, -1], 1.0)
         joint = torch.stack([first[a] * verifier_distribution(verifier(torch.tensor([prompt + [a]])).logits[0, -1], 1.0) for a in range(vocab)])

@@ -6,9 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from taps_train.drafter import KVCache
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import DraftTree, TreeConfig
-from taps_train.spec.verify import OpenPrefixMask, VerifierSession
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import DraftTree, TreeConfig
+from taps_train.decoding.verify import OpenPrefixMask, VerifierSession
 from tests.test_spec import greedy_reference, random_drafter
 
 

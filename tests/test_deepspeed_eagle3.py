@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from taps_train.drafter import Eagle3Drafter  # noqa: E402
 from taps_train.drafter.checkpoint import load_drafter, read_checkpoint  # noqa: E402
-from taps_train.spec.decoder import SpeculativeDecoder  # noqa: E402
-from taps_train.spec.tree import TreeConfig  # noqa: E402
+from taps_train.decoding.decoder import SpeculativeDecoder  # noqa: E402
+from taps_train.decoding.tree import TreeConfig  # noqa: E402
 from taps_train.verifier.fingerprint import verifier_fingerprint  # noqa: E402
 from tests.test_deepspeed import STEPS, _config, _fit  # noqa: E402
 from tests.test_spec import greedy_reference  # noqa: E402

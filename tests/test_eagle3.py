@@ -8,11 +8,11 @@ from transformers import AutoModelForCausalLM
 from taps_train.drafter import Eagle3Drafter, KVCache, build_drafter
 from taps_train.drafter.checkpoint import load_drafter, read_checkpoint
 from taps_train.drafter.features import FEATURES
-from taps_train.spec.accept import verifier_distribution
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.strategies import STRATEGIES
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.accept import verifier_distribution
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.strategies import STRATEGIES
+from taps_train.decoding.tree import TreeConfig
 from taps_train.training import Eagle3Module
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from tests.test_spec import PROMPTS, assert_same_distribution, greedy_reference, random_drafter, tiny_vocab_verifier

@@ -17,7 +17,7 @@ from taps_train.engine.serve import WORKER, load_problems, served_draft, vllm_ve
 from taps_train.errors import TapsError
 from taps_train.eval.engine import benchmark_result
 from taps_train.export import export_eagle
-from taps_train.spec.baseline import plain_generate
+from taps_train.decoding.baseline import plain_generate
 from tests.test_export import fingerprint, make_drafter, save_checkpoint, verifier  # noqa: F401 (fixtures)
 
 

@@ -6,8 +6,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import taps_train.eval.evaluate as evaluate
 from taps_train.eval.benchmarks import Prompt
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import TreeConfig
 from tests.test_spec import random_drafter
 
 MAX_NEW_TOKENS = 8

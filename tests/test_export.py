@@ -19,7 +19,7 @@ from taps_train.cli import main
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.errors import TapsError
 from taps_train.export import export_bundle, export_eagle, load_exported, serving_config
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from tests.test_report import report as eval_report
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from taps_train.errors import TapsError
-from taps_train.spec.accept import verifier_distribution
-from taps_train.spec.decoder import NO_DRAFTER, SpeculativeDecoder
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.gate import Gate, GateConfig
-from taps_train.spec.tree import PLAIN, TreeConfig
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.accept import verifier_distribution
+from taps_train.decoding.decoder import NO_DRAFTER, SpeculativeDecoder
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.gate import Gate, GateConfig
+from taps_train.decoding.tree import PLAIN, TreeConfig
+from taps_train.decoding.verify import VerifierSession
 from tests.test_spec import PROMPTS, assert_same_distribution, greedy_reference, random_drafter, tiny_vocab_verifier
 
 

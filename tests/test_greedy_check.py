@@ -1,4 +1,4 @@
-"""The complete T=0 lossless check (taps_train/spec/greedy_check.py) against deliberately broken decoders: the
+"""The complete T=0 lossless check (taps_train/decoding/greedy_check.py) against deliberately broken decoders: the
 runner-up at a non-tie and a non-top-2 token at a tie both fail; a tie followed by the verifier's own continuation
 is counted; a tie followed by the old continuation, an early end and too many ties all fail."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import taps_train.eval.evaluate as evaluate
-import taps_train.spec.greedy_check as greedy_check
+import taps_train.decoding.greedy_check as greedy_check
 from taps_train.errors import TapsError
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.greedy_check import check_greedy_reply, rounding_tolerance, too_many_ties
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.greedy_check import check_greedy_reply, rounding_tolerance, too_many_ties
 from tests.test_speedup import MAX_NEW_TOKENS, PROMPTS, decoder, tokenizer, verifier  # noqa: F401  (fixtures)
 
 AT = 3  # the reply position the broken decoders change

@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.errors import TapsError
-from taps_train.spec.accept import accept_sampling, verifier_distribution
-from taps_train.spec.decoder import SpeculativeDecoder, single
-from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes, pack
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.accept import accept_sampling, verifier_distribution
+from taps_train.decoding.decoder import SpeculativeDecoder, single
+from taps_train.decoding.tree import DraftTree, TreeConfig, best_nodes, pack
+from taps_train.decoding.verify import VerifierSession
 
 PROMPTS = [[0, 5, 17, 33, 2, 9], [0, 44, 12], [0, 7, 7, 7, 7, 101, 250, 3, 19, 80, 2]]
 
@@ -79,7 +79,7 @@ def test_generation_stops_at_eos_and_max_new_tokens(verifier):
 
 def test_tree_node_logits_equal_their_paths_run_as_plain_sequences(verifier):
     drafter = random_drafter(verifier, seed=1)
-    from taps_train.spec.draft import DrafterState
+    from taps_train.decoding.draft import DrafterState
 
     prompt = torch.tensor(PROMPTS[2])
     session = VerifierSession(verifier)

@@ -14,9 +14,9 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.intervals import PromptSpeeds, speedup_interval
 from taps_train.eval.report import read_report, tau_cell
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import TreeConfig
 from tests.test_report_reading import valid
 from tests.test_spec import greedy_reference, random_drafter
 

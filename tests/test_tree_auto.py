@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 
 from taps_train.cli import main
 from taps_train.eval.report import read_report
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.calibrate import Replay, call_sizes, calibrate_tree, capacity, shapes, top_ks
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import TreeConfig
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.calibrate import Replay, call_sizes, calibrate_tree, capacity, shapes, top_ks
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.tree import TreeConfig
+from taps_train.decoding.verify import VerifierSession
 from tests.test_eval import FIXTURES, checkpoint, recipe  # noqa: F401 (fixtures)
 from tests.test_spec import random_drafter, tiny_vocab_verifier
 
@@ -77,7 +77,7 @@ def accepted_length(tree, continuation: list[int]) -> int:
 def test_costs_are_timed_until_stable_at_every_searched_size(monkeypatch):
     """A cost that varies more than STABLE allows gets more rounds (up to MAX_ROUNDS); steady costs stop at ROUNDS.
     The call sizes are exactly the searched shapes' (and 1), so no cost is interpolated or reshaped."""
-    from taps_train.spec import calibrate
+    from taps_train.decoding import calibrate
 
     clock = iter(range(10**6))
     monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock) / 1000)  # every run "takes" 1 ms
@@ -102,7 +102,7 @@ def test_costs_are_timed_until_stable_at_every_searched_size(monkeypatch):
 def test_calibration_chooses_plain_decoding_where_no_tree_is_expected_to_beat_it(monkeypatch, steep):
     """With a verifier call of two tokens 50x the cost of one, no tree can pay and plain decoding is chosen (and no gate
     is needed); with every call as costly as one, a drafter that accepts tokens wins with a tree, gated at its break-even."""
-    from taps_train.spec import calibrate
+    from taps_train.decoding import calibrate
 
     def costs(model, hidden_indices, ids, sizes):
         return {s: (10.0 if s == 1 or not steep else 500.0) for s in sizes}, {s: 0.0 for s in sizes}

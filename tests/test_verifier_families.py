@@ -26,10 +26,10 @@ from taps_train.cli import main
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.errors import TapsError
-from taps_train.spec.decoder import SpeculativeDecoder, Strategy, single
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.tree import DraftTree, TreeConfig, pack, select_nodes
-from taps_train.spec.verify import VerifierSession, layer_windows
+from taps_train.decoding.decoder import SpeculativeDecoder, Strategy, single
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.tree import DraftTree, TreeConfig, pack, select_nodes
+from taps_train.decoding.verify import VerifierSession, layer_windows
 from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
 from tests.test_eval import FIXTURES
 from tests.test_spec import greedy_reference, random_drafter

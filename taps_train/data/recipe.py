@@ -19,6 +19,7 @@ from taps_train.data.conversation import Conversation
 from taps_train.data.records import ReadReport
 from taps_train.data.sources import SOURCES, Jsonl, describe, make_source
 from taps_train.errors import TapsError
+from taps_train.shipped import shipped_path
 from taps_train.user_yaml import read_yaml
 
 
@@ -134,7 +135,7 @@ def load_recipe(path: str | Path) -> Recipe:
     Every problem is one `TapsError` line naming the file, the field (`sources[1].args.size`) and what it
     must be; nothing reaches `select` or the cache keys unchecked (a `seed: null` would draw a new split
     on every run under one cache key)."""
-    path = Path(path)
+    path = shipped_path(path)
     raw = read_yaml(path, "recipe", "see data_recipes/README.md")
     if not isinstance(raw, dict):
         raise TapsError(f"recipe {path} must be a mapping with 'name' and 'sources', got {_shown(raw)}")

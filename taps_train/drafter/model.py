@@ -33,7 +33,7 @@ class KVCache:
     """Keys/values of positions already processed, [B, kv_heads, S, head_dim] each, kept in buffers that grow by
     doubling: an append writes in place and a crop moves the length, so a decoding round costs what it adds, not a
     copy of the whole context (which `torch.cat` would cost on every call). `keys`/`values` are views of the filled
-    part. The speculative decoder's verifier cache (spec/verify.py) keeps its layers in these too."""
+    part. The speculative decoder's verifier cache (decoding/verify.py) keeps its layers in these too."""
 
     def __init__(self):
         self._keys: torch.Tensor | None = None

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 
 from taps_train.eval.intervals import PromptCounts, paired_difference_interval
-from taps_train.spec.decoder import SpeculativeDecoder, single
-from taps_train.spec.tree import DraftTree, TreeConfig
+from taps_train.decoding.decoder import SpeculativeDecoder, single
+from taps_train.decoding.tree import DraftTree, TreeConfig
 
 CHAINS_AGREE = 0.98  # share of compared steps whose whole chain must be identical (draft near-ties may flip)
 LOG_PROBABILITY_TOLERANCE = 0.02  # largest |Δ log probability| of a token both sides drafted at the same step (~2%)

@@ -19,8 +19,8 @@ from taps_train.data.conversation import BadRecord, Conversation
 from taps_train.data.recipe import load_recipe, select
 from taps_train.data.records import ReadReport, contains_invalid_utf8, read_records
 from taps_train.errors import TapsError
+from taps_train.shipped import PACKAGE, shipped_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Differs from every seed of the training data (gsm_symbolic seed 1, tiny verifier 10000+ and 20000+).
 OFFLINE_SEED = 31337
 
@@ -235,12 +235,12 @@ class RecipeHeldout(Benchmark):
         return prompts, report
 
     def _recipe_path(self) -> Path:
-        """As given if it exists, else relative to the repository (so it works from any directory)."""
-        path = Path(self.recipe).expanduser()
-        for candidate in (path, REPO_ROOT / path):
-            if candidate.is_file():
-                return candidate
-        raise TapsError(f"recipe {self.recipe} not found (looked in the current directory and {REPO_ROOT}); give a recipe YAML path")
+        """As given if it exists, else the shipped recipe of that name (so it works from any directory)."""
+        path = shipped_path(self.recipe)
+        if not path.is_file():
+            raise TapsError(f"recipe {self.recipe} not found (looked in the current directory and among the shipped recipes in "
+                            f"{PACKAGE / 'data_recipes'}); give a recipe YAML path")
+        return path
 
 
 def _opening(conversation: Conversation) -> Prompt:

@@ -22,8 +22,8 @@ from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import drafter_from_checkpoint
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import run_benchmark
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.generation import stop_token_ids
 
 

@@ -23,11 +23,11 @@ from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape, read_
 from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem, tree_problems
 from taps_train.ranges import int_problem
 from taps_train.paths import output_file
-from taps_train.spec.calibrate import CostModel, TreeCalibration, calibrate_tree
-from taps_train.spec.gate import GateConfig
-from taps_train.spec.decoder import SpeculativeDecoder
-from taps_train.spec.strategies import STRATEGIES
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.calibrate import CostModel, TreeCalibration, calibrate_tree
+from taps_train.decoding.gate import GateConfig
+from taps_train.decoding.decoder import SpeculativeDecoder
+from taps_train.decoding.strategies import STRATEGIES
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import (
     load_verifier,
@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
                    help="--tree auto: prompts per benchmark it measures acceptance on (those after the evaluated ones)")
     p.add_argument("--gate", choices=["auto", "off"], default="auto",
                    help="auto: with a calibrated tree (--tree auto, --tree-from), rounds fall back to plain decoding while speculation "
-                        "does not pay (taps_train/spec/gate.py); off: every round speculates (τ of the drafter alone)")
+                        "does not pay (taps_train/decoding/gate.py); off: every round speculates (τ of the drafter alone)")
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
     p.add_argument("--engine", choices=["taps", "vllm"], default="taps",

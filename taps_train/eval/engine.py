@@ -23,7 +23,7 @@ from taps_train.eval.evaluate import first_turn_ids
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
 from taps_train.export import export_eagle
-from taps_train.spec.greedy_check import ReplyCheck, check_greedy_reply, not_lossless, too_many_ties
+from taps_train.decoding.greedy_check import ReplyCheck, check_greedy_reply, not_lossless, too_many_ties
 from taps_train.verifier.generation import files_stop_token_ids
 from taps_train.verifier.loading import load_verifier, read_verifier_files, resolve_verifier_path
 

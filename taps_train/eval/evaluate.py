@@ -16,10 +16,10 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, Signals
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.greedy_check import check_greedy_reply, not_lossless, too_many_ties
-from taps_train.spec.compose import MERGED
-from taps_train.spec.decoder import Generation, RoundStats, SpeculativeDecoder
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.greedy_check import check_greedy_reply, not_lossless, too_many_ties
+from taps_train.decoding.compose import MERGED
+from taps_train.decoding.decoder import Generation, RoundStats, SpeculativeDecoder
 
 
 @dataclass

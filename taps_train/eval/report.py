@@ -16,7 +16,7 @@ from typing import Any
 from taps_train.errors import TapsError
 from taps_train.paths import read_at_most
 from taps_train.eval.intervals import PromptCounts
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.tree import TreeConfig
 
 MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
 
@@ -50,14 +50,14 @@ class BenchmarkResult:
     `tokens_per_s` counts every emitted token over the seconds spent decoding (prefills included). With a baseline
     (`taps-train eval` without `--no-baseline`) the same prompts' plain decoding gives `baseline_tokens_per_s`,
     `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts). At T=0 `identical_to_greedy` says
-    whether every output equalled plain greedy decoding, and the complete check (taps_train/spec/greedy_check.py) went
+    whether every output equalled plain greedy decoding, and the complete check (taps_train/decoding/greedy_check.py) went
     over `greedy_checked_tokens` tokens of every turn, of which `greedy_ties` were not the verifier's argmax but tied
     with it within its dtype's rounding (any other token, or more ties than 1 in 200, stops the eval). Reports written
     before the complete check counted in `greedy_ties` the prompts that parted at a near-tie, and have no
     `greedy_checked_tokens`.
 
     `plain_rounds` (and `plain_round_tokens`, what they emitted) count the rounds decoded without a drafter: every
-    round of the plain tree `--tree auto` may choose, and those the speculation gate (taps_train/spec/gate.py) decoded
+    round of the plain tree `--tree auto` may choose, and those the speculation gate (taps_train/decoding/gate.py) decoded
     plainly while speculation did not pay; τ pools them with the speculative rounds.
     """
 

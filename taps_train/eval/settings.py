@@ -13,7 +13,7 @@ from taps_train.errors import TapsError
 from taps_train.ranges import int_problem
 from taps_train.eval.benchmarks import parse_benchmark
 from taps_train.eval.report import read_report
-from taps_train.spec.tree import TreeConfig
+from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.loading import check_verifier_reference
 
 

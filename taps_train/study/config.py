@@ -14,7 +14,7 @@ from taps_train.fit_config import FIX, check_trainer_options, fit_config_problem
 from taps_train.paths import writable_directory
 from taps_train.eval.settings import benchmark_problem, temperatures_problem, tree_problems, verifier_problem
 from taps_train.ranges import int_problem
-from taps_train.spec.strategies import STRATEGIES
+from taps_train.decoding.strategies import STRATEGIES
 from taps_train.study.compare import read_claims
 from taps_train.user_yaml import read_yaml
 

@@ -4,14 +4,14 @@
 `taps_train.drafter.average`) and then decodes with `single`.
 """
 
-from taps_train.spec.compose import (
+from taps_train.decoding.compose import (
     merge,
     merge_budget,
     merge_union,
     route_confidence,
     route_entropy,
 )
-from taps_train.spec.decoder import Strategy, single
+from taps_train.decoding.decoder import Strategy, single
 
 STRATEGIES: dict[str, Strategy] = {
     "single": single,

@@ -16,7 +16,7 @@ from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kw
 
 from taps_train.drafter import KVCache
 from taps_train.errors import TapsError
-from taps_train.spec.tree import PackedTree
+from taps_train.decoding.tree import PackedTree
 
 # Flash kernels take only padding masks, so no tree mask can reach them; flex_attention would add the
 # float mask like eager does, but is unchecked (it aborts on CPU with torch 2.13).

@@ -14,15 +14,15 @@ from transformers import PreTrainedModel
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
-from taps_train.spec.accept import (
+from taps_train.decoding.accept import (
     Acceptance,
     accept_greedy,
     accept_sampling,
     next_token,
 )
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.gate import Gate, GateConfig
-from taps_train.spec.tree import DraftTree, TreeConfig, pack, root_only
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.gate import Gate, GateConfig
+from taps_train.decoding.tree import DraftTree, TreeConfig, pack, root_only
 
 # A strategy turns the drafters' trees (one per drafter, same root) into the tree to verify, and
 # says which drafter it credits (for routing counts; -1 when several contribute).
@@ -94,7 +94,7 @@ class SpeculativeDecoder:
                  on_round: Callable[[RoundStats], None] | None = None) -> Generation:
         """Decode up to `max_new_tokens` after `prompt_ids`; `on_round` sees each round's statistics as it ends
         (progress for callers: a round of a real verifier on a CPU takes seconds)."""
-        from taps_train.spec.verify import VerifierSession
+        from taps_train.decoding.verify import VerifierSession
 
         drafted = () if self.tree.plain else self.drafters  # the plain tree consults no drafter: no hidden states to keep
         session = VerifierSession(self.verifier, tuple(sorted({i for d in drafted for i in d.feature_contract().hidden_state_indices})))

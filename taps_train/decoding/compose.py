@@ -16,7 +16,7 @@ verifier sees:
 import torch
 
 from taps_train.errors import TapsError
-from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes
+from taps_train.decoding.tree import DraftTree, TreeConfig, best_nodes
 
 MERGED = -1  # "chosen" value when several drafters contribute to the verified tree
 

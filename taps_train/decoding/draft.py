@@ -4,8 +4,8 @@ import torch
 
 from taps_train.drafter import DrafterBackbone, KVCache
 from taps_train.drafter.features import FEATURES
-from taps_train.spec.verify import HiddenStates
-from taps_train.spec.tree import DraftTree, TreeConfig, best_nodes
+from taps_train.decoding.verify import HiddenStates
+from taps_train.decoding.tree import DraftTree, TreeConfig, best_nodes
 
 
 class DrafterState:
@@ -13,7 +13,7 @@ class DrafterState:
     (f_t, x_{t+1})) and its predicted feature for the position after the newest committed token.
 
     Committed positions are queued and run through the drafter when it next drafts, in one pass: rounds decoded
-    without drafting (plain decoding, `spec/gate.py`) cost the drafter nothing, and it catches up at once."""
+    without drafting (plain decoding, `decoding/gate.py`) cost the drafter nothing, and it catches up at once."""
 
     def __init__(self, drafter: DrafterBackbone):
         self.drafter = drafter

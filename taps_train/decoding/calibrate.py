@@ -34,11 +34,11 @@ from transformers import PreTrainedModel
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
-from taps_train.spec.baseline import plain_generate
-from taps_train.spec.draft import DrafterState
-from taps_train.spec.gate import GateConfig
-from taps_train.spec.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
-from taps_train.spec.verify import VerifierSession
+from taps_train.decoding.baseline import plain_generate
+from taps_train.decoding.draft import DrafterState
+from taps_train.decoding.gate import GateConfig
+from taps_train.decoding.tree import PLAIN, DraftTree, TreeConfig, chain, pack, rerank_order
+from taps_train.decoding.verify import VerifierSession
 
 TOP_KS = (1, 2, 3, 4, 6, 8, 10, 12, 16)
 TOTAL_TOKENS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 60, 64, 80, 96, 128)

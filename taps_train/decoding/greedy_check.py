@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from taps_train.errors import TapsError
-from taps_train.spec.baseline import input_device
+from taps_train.decoding.baseline import input_device
 
 TIE_SHARE = 1 / 200  # tied tokens above this share of a benchmark's checked tokens need plain decoding to tie as often
 TIE_P = 0.001  # ... or more speculative ties than chance gives (one-sided binomial p below this) are an error

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from taps_train.spec.tree import DraftTree
+from taps_train.decoding.tree import DraftTree
 
 
 @dataclass

@@ -8,7 +8,7 @@ at T=0 its output is the reference that lossless speculative decoding must repro
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from taps_train.spec.accept import next_token
+from taps_train.decoding.accept import next_token
 
 
 @torch.no_grad()
