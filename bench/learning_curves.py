@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,18 +240,23 @@ def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: l
         high = [(r.get("tau_ci95") or [t, t])[1] - t for t, r in zip(taus, results)]
         axis.errorbar(xs, taus, yerr=[low, high], marker="o", capsize=3, label=label)
 
-    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
-    for axis, b in zip(axes[0], benchmarks):
-        for samples in curves.samples:
-            run = sorted((r for r in rows if r["samples"] == samples and b in r["report"]["benchmarks"]), key=lambda r: r["step"])
-            if run:
-                errorbar(axis, [r["trained_tokens"] for r in run], [r["report"]["benchmarks"][b] for r in run], f"N = {samples:,}")
-        axis.set(xscale="log", xlabel="trained tokens", ylabel="τ (T=0)", title=b)
-        axis.legend()
-    figure.suptitle(f"{curves.name}, {evaluation.name}: τ against trained tokens")
-    figure.tight_layout()
-    figure.savefig(out / f"{evaluation.name}_tau_vs_tokens.png", dpi=110)
-    plt.close(figure)
+    def plot(vary: str, across: str, values: list[int], legend: Callable[[int], str], xlabel: str, what: str, name: str) -> None:
+        """One panel per benchmark: τ against `across`, one line per value of `vary`."""
+        figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
+        for axis, b in zip(axes[0], benchmarks):
+            for value in values:
+                points = sorted((r for r in rows if r[vary] == value and b in r["report"]["benchmarks"]), key=lambda r: r[across])
+                if points:
+                    errorbar(axis, [r[across] for r in points], [r["report"]["benchmarks"][b] for r in points], legend(value))
+            axis.set(xscale="log", xlabel=xlabel, ylabel="τ (T=0)", title=b)
+            axis.legend()
+        figure.suptitle(f"{curves.name}, {evaluation.name}: τ against {what}")
+        figure.tight_layout()
+        figure.savefig(out / f"{evaluation.name}_tau_vs_{name}.png", dpi=110)
+        plt.close(figure)
+
+    plot("samples", "trained_tokens", curves.samples, lambda n: f"N = {n:,}", "trained tokens", "trained tokens", "tokens")
+    plot("step", "samples", curves.steps, lambda n: f"step {n:,}", "distinct training samples N", "distinct samples", "samples")
 
     figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
     for axis, b in zip(axes[0], benchmarks):
