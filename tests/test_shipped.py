@@ -2,6 +2,7 @@
 name; and, installed from a wheel (marker `integration`), usable with no clone at all."""
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -68,7 +69,12 @@ def test_cp_refuses_unknown_configs_and_never_overwrites_a_changed_file(tmp_path
 @pytest.mark.integration
 def test_an_installed_wheel_runs_its_shipped_configs_and_benchmarks_from_an_empty_directory(tmp_path):
     """Built and installed as a user would (no clone on the path): the wheel holds the configs and recipes."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+    source = tmp_path / "source"  # a copy, so that the build leaves nothing in the repository (setuptools builds in-tree)
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source)
+    shutil.copytree(REPO / "taps_train", source / "taps_train", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
                    check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("taps_train-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)

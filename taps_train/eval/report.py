@@ -52,9 +52,9 @@ class BenchmarkResult:
     `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts). At T=0 `identical_to_greedy` says
     whether every output equalled plain greedy decoding, and the complete check (taps_train/decoding/greedy_check.py) went
     over `greedy_checked_tokens` tokens of every turn, of which `greedy_ties` were not the verifier's argmax but tied
-    with it within its dtype's rounding (any other token, or more ties than 1 in 200, stops the eval). Reports written
-    before the complete check counted in `greedy_ties` the prompts that parted at a near-tie, and have no
-    `greedy_checked_tokens`.
+    with it within its dtype's rounding (any other token, or more ties than rounding explains, stops the eval:
+    greedy_check.too_many_ties). Reports written before the complete check counted in `greedy_ties` the prompts that
+    parted at a near-tie, and have no `greedy_checked_tokens`.
 
     `plain_rounds` (and `plain_round_tokens`, what they emitted) count the rounds decoded without a drafter: every
     round of the plain tree `--tree auto` may choose, and those the speculation gate (taps_train/decoding/gate.py) decoded
