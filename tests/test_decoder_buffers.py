@@ -24,7 +24,7 @@ def test_kv_cache_appends_crops_and_keeps_like_concatenation():
     cache.crop(150)
     reference = reference[:, :, :150]
     kept = torch.tensor([0, 2, 5])
-    cache.keep(140, kept)
+    cache.keep(140, kept.tolist())
     reference = torch.cat([reference[:, :, :140], reference[:, :, 140 + kept]], dim=2)
     assert torch.equal(cache.keys, reference) and torch.equal(cache.values, -reference)
     cache.append(torch.ones(1, 2, 4, 4), torch.ones(1, 2, 4, 4))

@@ -96,8 +96,8 @@ class SpeculativeDecoder:
         (progress for callers: a round of a real verifier on a CPU takes seconds)."""
         from taps_train.decoding.verify import VerifierSession
 
-        drafted = () if self.tree.plain else self.drafters  # the plain tree consults no drafter: no hidden states to keep
-        session = VerifierSession(self.verifier, tuple(sorted({i for d in drafted for i in d.feature_contract().hidden_state_indices})))
+        drafters = [] if self.tree.plain else self.drafters  # the plain tree consults none: no states, no hidden states to keep
+        session = VerifierSession(self.verifier, tuple(sorted({i for d in drafters for i in d.feature_contract().hidden_state_indices})))
         limit = session.max_length
         if limit is not None and len(prompt_ids) + max_new_tokens + self.tree.levels + 1 > limit:
             raise TapsError(
@@ -110,7 +110,7 @@ class SpeculativeDecoder:
         prompt = torch.tensor(prompt_ids)
         logits, hidden = session.prefill(prompt)
         root = next_token(logits, self.temperature, self.top_p, generator)
-        states = [] if self.tree.plain else [DrafterState(d) for d in self.drafters]
+        states = [DrafterState(d) for d in drafters]
         for state in states:
             state.extend(hidden, torch.tensor(prompt_ids[1:] + [root]))
         gate = Gate(self.gate) if self.gate is not None and states else None

@@ -52,8 +52,7 @@ class DrafterState:
 
     def _truncate(self) -> None:
         """Drop the speculative tree entries of the last round."""
-        if len(self.cache) > self.committed:
-            self.cache.crop(self.committed)
+        self.cache.crop(self.committed)
 
     @torch.no_grad()
     def draft(self, root_token: int, config: TreeConfig) -> DraftTree:

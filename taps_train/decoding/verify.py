@@ -56,17 +56,21 @@ class BufferedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.store.append(key_states, value_states)
-        self.keys, self.values = self.store.keys, self.store.values
-        return self.keys, self.values
+        return self._view()
 
-    def keep(self, start: int, kept: torch.Tensor) -> None:
+    def keep(self, start: int, kept: list[int]) -> None:
         self.store.keep(start, kept)
-        self.keys, self.values = self.store.keys, self.store.values
+        self._view()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0 and self.is_initialized:
             self.store.crop(len(self.store) + tokens_to_remove)
-            self.keys, self.values = self.store.keys, self.store.values
+            self._view()
+
+    def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`keys`/`values` (what transformers reads) as the store's filled part."""
+        self.keys, self.values = self.store.keys, self.store.values
+        return self.keys, self.values
 
 
 class OpenPrefixMask:
@@ -83,9 +87,8 @@ class OpenPrefixMask:
     def write(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
         n, end = len(tree_mask), prefix + len(tree_mask)
         rows, columns = self.buffer.shape
-        if n > rows or end > columns:  # each side doubles only when it is too small
-            rows, columns = (rows if n <= rows else max(n, 2 * rows)), (columns if end <= columns else max(end, 2 * columns, 256))
-            self.buffer = torch.zeros(rows, columns, dtype=self.dtype, device=self.device)
+        if n > rows or end > columns:
+            self.buffer = torch.zeros(_grown(rows, n), _grown(columns, end, 256), dtype=self.dtype, device=self.device)
         block = torch.zeros(tree_mask.shape, dtype=self.dtype).masked_fill(~tree_mask, torch.finfo(self.dtype).min)
         self.buffer[:n, prefix:end] = block.to(self.device)
         self.written = (n, prefix)
@@ -97,6 +100,11 @@ class OpenPrefixMask:
             n, prefix = self.written
             self.buffer[:n, prefix : prefix + n] = 0
             self.written = None
+
+
+def _grown(size: int, needed: int, least: int = 1) -> int:
+    """A buffer side: unchanged while large enough, else doubled (at least to `needed`)."""
+    return size if needed <= size else max(needed, 2 * size, least)
 
 
 HiddenStates = dict[int, torch.Tensor]  # transformers `hidden_states` index -> [n, H] (float32), only those asked for
@@ -116,6 +124,7 @@ class VerifierSession:
         self.model = model
         self.hidden_states = list(hidden_states)
         self.windows = layer_windows(config)
+        self.sees_whole_prefix = set(self.windows.values()) == {None}  # no sliding windows: the prefix part of a mask is all open
         self.cache = Cache(layer_class_to_replicate=BufferedLayer)  # full-length layers everywhere, windows live in the masks
         self.length = 0
         self.max_length = getattr(config, "max_position_embeddings", None)
@@ -155,7 +164,7 @@ class VerifierSession:
     def tree_forward(self, packed: PackedTree) -> tuple[torch.Tensor, HiddenStates]:
         """Logits and hidden states of every tree node, one verifier call."""
         n = len(packed.input_ids)
-        if set(self.windows.values()) != {None}:  # windows cut the prefix by position: the whole mask, every call
+        if not self.sees_whole_prefix:  # windows cut the prefix by position: the whole mask, every call
             allowed = torch.cat([torch.ones(n, self.length, dtype=torch.bool), packed.tree_mask], dim=1)
             key_positions = torch.cat([torch.arange(self.length), packed.position_ids])
             mask = self.attention_mask(packed.position_ids, key_positions, allowed)
@@ -182,7 +191,6 @@ class VerifierSession:
     def commit(self, path: list[int]) -> None:
         """Keep the committed prefix plus the accepted tree nodes `path` (root first) in the cache: the path's
         entries move to the front of the tree's slots, so the copy is the path's size, not the cache's."""
-        kept = torch.tensor(path, dtype=torch.long)
-        for layer in self.cache.layers:  # layers may sit on several devices (a sharded verifier): keep() moves `kept`
-            layer.keep(self.length, kept)
+        for layer in self.cache.layers:
+            layer.keep(self.length, path)
         self.length += len(path)

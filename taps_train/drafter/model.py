@@ -73,13 +73,13 @@ class KVCache:
         """Keep the first `length` positions."""
         self.length = min(self.length, length)
 
-    def keep(self, start: int, kept: torch.Tensor) -> None:
+    def keep(self, start: int, kept: list[int]) -> None:
         """Keep the first `start` positions and then the positions `start + kept` (ascending), moved to follow them:
         a copy of `len(kept)` entries, however long the cache, and none when they are in place already (a plain round,
         a chain accepted from its start)."""
         end = start + len(kept)
-        if not torch.equal(kept.cpu(), torch.arange(len(kept))):
-            picked = start + kept.to(self._keys.device)
+        if kept != list(range(len(kept))):
+            picked = start + torch.tensor(kept, device=self._keys.device)  # on each layer's device (a sharded verifier)
             self._keys[:, :, start:end] = self._keys.index_select(2, picked)
             self._values[:, :, start:end] = self._values.index_select(2, picked)
         self.length = end

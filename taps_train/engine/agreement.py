@@ -143,10 +143,10 @@ class Agreement:
             found.append(("chains", f"only {self.chains_identical:.1%} of chains identical"))
         if self.max_log_probability_difference > LOG_PROBABILITY_TOLERANCE:
             found.append(("log_probabilities", f"draft log-probabilities differ by up to {self.max_log_probability_difference:.3f}"))
-        spread = [abs(a - b) for a, b in zip(self.vllm_accepted_by_position, self.taps_accepted_by_position)]
-        if max(spread, default=0) > self.unmatched_steps():
+        spread, unmatched = [abs(a - b) for a, b in zip(self.vllm_accepted_by_position, self.taps_accepted_by_position)], self.unmatched_steps()
+        if max(spread, default=0) > unmatched:
             found.append(("positions", f"accepted by position {self.vllm_accepted_by_position} (vLLM) vs {self.taps_accepted_by_position} "
-                                       f"(taps-train): more apart than the {self.unmatched_steps()} steps whose chains differ explain"))
+                                       f"(taps-train): more apart than the {unmatched} steps whose chains differ explain"))
         return found
 
     def unmatched_steps(self) -> int:
