@@ -29,7 +29,7 @@ from taps_train.engine.serve import VllmRequest, load_problems, run_worker, serv
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.engine import worker_speeds
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.export import export_eagle
+from taps_train.export import export_drafter
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier
@@ -80,7 +80,7 @@ def main() -> None:
     def exported(backbone: str, layout: str) -> Path:
         directory = exports.setdefault((backbone, layout), work / f"{backbone}_{layout}")
         if not directory.exists():
-            export_eagle(drafters[backbone], directory, layout=layout, dtype="float32")
+            export_drafter(drafters[backbone], directory, layout=layout, dtype="float32")
         return directory
 
     for backbone, checkpoint in drafters.items() if options.agreement else ():

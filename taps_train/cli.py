@@ -282,13 +282,8 @@ def run_average_command(args: list[str]) -> None:
 def run_export_command(args: list[str]) -> None:
     import argparse
 
-    from taps_train.export import (
-        BUNDLE_STRATEGIES,
-        LAYOUTS,
-        export_bundle,
-        export_eagle,
-        tau_table_from_reports,
-    )
+    from taps_train.eval.report import tau_table
+    from taps_train.export import BUNDLE_STRATEGIES, LAYOUTS, export_bundle, export_drafter
     from taps_train.decoding.tree import TreeConfig
     from taps_train.eval.settings import calibrated_tree
     from taps_train.verifier.loading import DTYPES
@@ -301,8 +296,7 @@ def run_export_command(args: list[str]) -> None:
     parser.add_argument("checkpoints", nargs="+", help="drafter checkpoints from `taps-train fit` or `average`")
     parser.add_argument("--out", required=True, help="export directory (must be empty or absent unless --overwrite)")
     parser.add_argument("--format", choices=sorted(LAYOUTS), default="eagle",
-                        help="eagle: SGLang (LlamaForCausalLMEagle/Eagle3); vllm: vLLM method eagle/eagle3 (LlamaForCausalLM); "
-                        "speculators: EAGLE-3 drafts in neuralmagic's speculators format (vllm serve DIR)")
+                        help="; ".join(f"{name}: {LAYOUTS[name].engine}" for name in sorted(LAYOUTS)))
     parser.add_argument("--verifier", default=None, help="taps-tiny, smollm2-135m, a .gguf file, a model directory or a hub id (default: the one the checkpoint records)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype of the exported weights")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export in --out")
@@ -321,13 +315,13 @@ def run_export_command(args: list[str]) -> None:
     bundle_options = {"--bundle-strategy": options.bundle_strategy, "--domains": options.domains, "--tree": options.tree,
                       **{f"--{name.replace('_', '-')}": value for name, value in tree_options.items()}}
     common = {"verifier": options.verifier, "overwrite": options.overwrite, "include_embeddings": not options.no_embeddings,
-              "tau_table": tau_table_from_reports(options.eval_report) if options.eval_report else None,
+              "tau_table": tau_table(options.eval_report) if options.eval_report else None,
               "layout": options.format, "dtype": options.dtype}
     if len(options.checkpoints) == 1:
         given = [name for name, value in bundle_options.items() if value is not None]
         if given:
             raise TapsError(f"bundle options ({', '.join(given)}) need two or more checkpoints; got one")
-        print(export_eagle(options.checkpoints[0], options.out, **common))
+        print(export_drafter(options.checkpoints[0], options.out, **common))
         return
     if options.tree == "auto":
         explicit = [f"--{name.replace('_', '-')}" for name, value in tree_options.items() if value is not None]

@@ -20,7 +20,6 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from taps_train.backbones import backbone_name
 from taps_train.errors import TapsError
 from taps_train.eval.report import read_report
 
@@ -154,8 +153,10 @@ class TapsWandbLogger(WandbLogger):
 
 
 def run_tags(hparams: Mapping[str, Any]) -> list[str]:
-    """Backbone (`hass`/`eagle2`, see `backbone_name`) and recipe tags from module + datamodule hyperparameters."""
-    backbone = backbone_name(hparams)
+    """Training method (`hass`/`eagle2`/..., see `method_of`) and recipe tags from module + datamodule hyperparameters."""
+    from taps_train.training.base import method_of
+
+    backbone = method_of(hparams)
     tags = [backbone] if backbone else []
     if hparams.get("recipe"):
         tags.append(Path(str(hparams["recipe"])).stem)

@@ -17,7 +17,7 @@ from taps_train.data import regenerate as regen
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.data.conversation import Conversation
 from taps_train.data.feature_cache import CacheSettings
-from taps_train.data.locking import exclusive
+from taps_train.files import exclusive
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import Regenerate, load_recipe
 from taps_train.verifier import load_verifier

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaF
 from taps_train.drafter import Eagle3Drafter, build_drafter
 from taps_train.drafter.eagle3 import check_feature_layers, default_feature_layers, draft_vocab_tokens
 from taps_train.errors import TapsError
-from taps_train.export import export_eagle
+from taps_train.export import export_drafter
 from taps_train.training import Eagle3Module
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from tests.test_configs import print_config
@@ -150,16 +150,16 @@ def eagle3_checkpoint(verifier_dir: Path, layers: tuple[int, ...] | None, path: 
 
 
 def test_default_layers_export_as_distinct_speculators_ids(verifier4_dir, tmp_path):
-    out = export_eagle(eagle3_checkpoint(verifier4_dir, None, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(verifier4_dir),
+    out = export_drafter(eagle3_checkpoint(verifier4_dir, None, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(verifier4_dir),
                        layout="speculators", dtype="float32")
     assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
 
 def test_exports_engines_would_misread_are_refused_or_flagged(verifier4_dir, random_verifier_dir, tmp_path):
     with pytest.raises(TapsError, match=one_line(r".*fuses verifier hidden states \[3, 1, 2\]; serving engines concatenate them in layer order")):
-        export_eagle(eagle3_checkpoint(verifier4_dir, (3, 1, 2), tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(verifier4_dir))
+        export_drafter(eagle3_checkpoint(verifier4_dir, (3, 1, 2), tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(verifier4_dir))
     with pytest.warns(UserWarning, match=r"fuses verifier hidden states \[1, 1, 1\], one of them twice.*speculators refuses"):
-        export_eagle(eagle3_checkpoint(random_verifier_dir, None, tmp_path / "toy.ckpt"), tmp_path / "toy", verifier=str(random_verifier_dir),
+        export_drafter(eagle3_checkpoint(random_verifier_dir, None, tmp_path / "toy.ckpt"), tmp_path / "toy", verifier=str(random_verifier_dir),
                      layout="speculators")
 
 

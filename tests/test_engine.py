@@ -16,16 +16,16 @@ from taps_train.engine.controls import caught
 from taps_train.engine.serve import WORKER, load_problems, served_draft, vllm_version
 from taps_train.errors import TapsError
 from taps_train.eval.engine import benchmark_result
-from taps_train.export import export_eagle
+from taps_train.export import export_drafter
 from taps_train.decoding.baseline import plain_generate
 from tests.test_export import fingerprint, make_drafter, save_checkpoint, verifier  # noqa: F401 (fixtures)
 
 
 def test_served_draft_by_layout_and_backbone(verifier, fingerprint, tmp_path):
     eagle2 = save_checkpoint(make_drafter(verifier, 1, fc_bias=False), fingerprint, tmp_path / "e2.ckpt")
-    served = served_draft(export_eagle(eagle2, tmp_path / "e2_vllm", layout="vllm", include_embeddings=False), 4)
+    served = served_draft(export_drafter(eagle2, tmp_path / "e2_vllm", layout="vllm", include_embeddings=False), 4)
     assert (served.method, served.num_speculative_tokens, served.alone) == ("eagle", 4, False)
-    sglang = export_eagle(eagle2, tmp_path / "e2_sglang", include_embeddings=False)
+    sglang = export_drafter(eagle2, tmp_path / "e2_sglang", include_embeddings=False)
     with pytest.raises(TapsError, match="--format eagle export of an eagle2 drafter, which vLLM does not serve"):
         served_draft(sglang, 3)
     with pytest.raises(TapsError, match="only a speculators export is served alone"):

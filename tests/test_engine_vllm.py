@@ -22,7 +22,7 @@ from taps_train.engine.controls import CONTROLS, caught
 from taps_train.engine.serve import VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.eval.benchmarks import load_benchmark
 from taps_train.eval.evaluate import first_turn_ids
-from taps_train.export import export_eagle
+from taps_train.export import export_drafter
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier
@@ -80,7 +80,7 @@ def exports(setting, tmp_path_factory):
         checkpoint = save_checkpoint(drafter, fingerprint, root / f"{backbone}.ckpt")
         layouts = ("vllm", "speculators") if backbone == "eagle3" else ("vllm",)
         made[backbone] = {"chains": taps_chains(verifier.model, drafter, prompts, K, NEW_TOKENS, eos),
-                          **{layout: export_eagle(checkpoint, root / f"{backbone}_{layout}", layout=layout, dtype="float32") for layout in layouts}}
+                          **{layout: export_drafter(checkpoint, root / f"{backbone}_{layout}", layout=layout, dtype="float32") for layout in layouts}}
     return made
 
 

@@ -14,11 +14,11 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from taps_train import export
+from taps_train.export import drafter as export
 from taps_train.cli import main
 from taps_train.drafter import Drafter, drafter_config
 from taps_train.errors import TapsError
-from taps_train.export import export_bundle, export_eagle, load_exported, serving_config
+from taps_train.export import export_bundle, export_drafter, load_exported, serving_config
 from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from tests.test_report import report as eval_report
@@ -72,7 +72,7 @@ def drafter_logits(drafter: Drafter, ids: torch.Tensor, features: torch.Tensor) 
 def test_round_trip_gives_identical_logits(verifier, fingerprint, random_verifier_dir, tmp_path, fc_bias):
     drafter = make_drafter(verifier, 3, fc_bias)
     ckpt = save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt")
-    out = export_eagle(ckpt, tmp_path / "out", verifier=str(random_verifier_dir), dtype="float32")
+    out = export_drafter(ckpt, tmp_path / "out", verifier=str(random_verifier_dir), dtype="float32")
     loaded = load_exported(out, verifier)
     ids, features = random_inputs(drafter)
     assert torch.equal(drafter_logits(loaded, ids, features), drafter_logits(drafter, ids, features))
@@ -125,7 +125,7 @@ def test_independent_eagle_reader_matches_the_drafter(verifier, fingerprint, ran
     if fc_bias:
         with torch.no_grad():
             drafter.fc.bias.uniform_(-1, 1)  # large enough that dropping it would show
-    out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
+    out = export_drafter(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
                        verifier=str(random_verifier_dir), dtype="float32", layout=layout)
     config = json.loads((out / "config.json").read_text())
     assert config["rope_scaling"] is None and config["architectures"] == [{"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}[layout]]
@@ -139,7 +139,7 @@ def test_independent_eagle_reader_matches_the_drafter(verifier, fingerprint, ran
 
 def test_vllm_export_refuses_attention_biases_that_are_no_folded_fc_bias(verifier, fingerprint, tmp_path):
     drafter = make_drafter(verifier, 5, fc_bias=True)
-    out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", layout="vllm", dtype="float32")
+    out = export_drafter(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", layout="vllm", dtype="float32")
     tensors = load_file(out / "model.safetensors")
     tensors["layers.0.self_attn.k_proj.bias"] += 1.0
     save_file(tensors, out / "model.safetensors")
@@ -151,7 +151,7 @@ def test_config_and_bf16_tensors(verifier, fingerprint, random_verifier_dir, tmp
     drafter = make_drafter(verifier, 5, fc_bias=True)
     ckpt = save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt", hyper_parameters={"align_steps": 3, "topk_weight": 1.0},
                            datamodule_hyper_parameters={"recipe": "data_recipes/tiny_math.yaml"})
-    out = export_eagle(ckpt, tmp_path / "out", tau_table=[{"acceptance_length": {"gsm8k": 3.2}}])  # verifier from the checkpoint
+    out = export_drafter(ckpt, tmp_path / "out", tau_table=[{"acceptance_length": {"gsm8k": 3.2}}])  # verifier from the checkpoint
     config = json.loads((out / "config.json").read_text())
     source = json.loads((random_verifier_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle"] and config["num_hidden_layers"] == 1
@@ -190,14 +190,14 @@ def test_rope_scaling_and_context_length_follow_the_verifier():
 
 def test_vllm_layout_and_no_embeddings(verifier, fingerprint, tmp_path):
     plain = save_checkpoint(make_drafter(verifier, 6, fc_bias=False), fingerprint, tmp_path / "plain.ckpt")
-    out = export_eagle(plain, tmp_path / "vllm", layout="vllm", include_embeddings=False)
+    out = export_drafter(plain, tmp_path / "vllm", layout="vllm", include_embeddings=False)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert sorted(load_file(out / "model.safetensors")) == sorted(["fc.weight", *LAYER_KEYS])
     assert not json.loads((out / "taps_export.json").read_text())["verifier_checked"]
-    eagle = export_eagle(plain, tmp_path / "eagle", include_embeddings=False)
+    eagle = export_drafter(plain, tmp_path / "eagle", include_embeddings=False)
     assert not load_file(eagle / "model.safetensors")["fc.bias"].any()  # SGLang's draft fc always has a bias
     hass = save_checkpoint(make_drafter(verifier, 7, fc_bias=True), fingerprint, tmp_path / "hass.ckpt")
-    out = export_eagle(hass, tmp_path / "vllm_hass", layout="vllm", include_embeddings=False)
+    out = export_drafter(hass, tmp_path / "vllm_hass", layout="vllm", include_embeddings=False)
     folded = [f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"]
     assert sorted(load_file(out / "model.safetensors")) == sorted(["fc.weight", *LAYER_KEYS, *folded])  # no fc.bias: vLLM drops it
     config = json.loads((out / "config.json").read_text())
@@ -212,38 +212,38 @@ def test_refuses_bad_inputs(verifier, fingerprint, random_verifier_dir, tmp_path
 
     torch.save({"state_dict": {k: v for k, v in state.items() if "up_proj" not in k}, "taps": taps}, tmp_path / "missing.ckpt")
     with pytest.raises(TapsError, match=r"lacks layers\.0\.mlp\.up_proj\.weight \(expected shape \[64, 32\]\)"):
-        export_eagle(tmp_path / "missing.ckpt", tmp_path / "a", include_embeddings=False)
+        export_drafter(tmp_path / "missing.ckpt", tmp_path / "a", include_embeddings=False)
     torch.save({"state_dict": {**state, "drafter.layers.0.self_attn.k_proj.weight": torch.zeros(32, 32)}, "taps": taps}, tmp_path / "shape.ckpt")
     with pytest.raises(TapsError, match=r"k_proj\.weight has shape \[32, 32\], expected \[16, 32\]"):
-        export_eagle(tmp_path / "shape.ckpt", tmp_path / "a", include_embeddings=False)
+        export_drafter(tmp_path / "shape.ckpt", tmp_path / "a", include_embeddings=False)
     torch.save({"state_dict": {**state, "drafter.fc.weight": state["drafter.fc.weight"] * math.nan}, "taps": taps}, tmp_path / "nan.ckpt")
     with pytest.raises(TapsError, match=r"fc\.weight has non-finite values"):
-        export_eagle(tmp_path / "nan.ckpt", tmp_path / "a", include_embeddings=False)
+        export_drafter(tmp_path / "nan.ckpt", tmp_path / "a", include_embeddings=False)
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
     with pytest.raises(TapsError, match="not a taps-train drafter checkpoint"):
-        export_eagle(tmp_path / "foreign.pt", tmp_path / "a")
+        export_drafter(tmp_path / "foreign.pt", tmp_path / "a")
     with pytest.raises(TapsError, match="unknown export dtype"):
-        export_eagle(good, tmp_path / "a", dtype="int8")
+        export_drafter(good, tmp_path / "a", dtype="int8")
 
     wider = tmp_path / "wider_verifier"
     LlamaForCausalLM(LlamaConfig(vocab_size=verifier.config.vocab_size, hidden_size=48, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=4, num_key_value_heads=2)).save_pretrained(wider)
     AutoTokenizer.from_pretrained(random_verifier_dir).save_pretrained(wider)
     with pytest.raises(TapsError, match=r"hidden_size is 32 but verifier .* has 48"):
-        export_eagle(good, tmp_path / "a", verifier=str(wider))
+        export_drafter(good, tmp_path / "a", verifier=str(wider))
     assert not (tmp_path / "a").exists()
 
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(TapsError, match="not empty; pass --overwrite"):
-        export_eagle(good, tmp_path / "busy", include_embeddings=False)
+        export_drafter(good, tmp_path / "busy", include_embeddings=False)
     with pytest.raises(TapsError, match="not a taps-train export"):
-        export_eagle(good, tmp_path / "busy", include_embeddings=False, overwrite=True)
+        export_drafter(good, tmp_path / "busy", include_embeddings=False, overwrite=True)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
 
 
 def test_load_exported_refuses_another_verifier(verifier, fingerprint, other_verifier_dir, tmp_path):
-    out = export_eagle(save_checkpoint(make_drafter(verifier, 16, fc_bias=False), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out")
+    out = export_drafter(save_checkpoint(make_drafter(verifier, 16, fc_bias=False), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out")
     with pytest.raises(TapsError, match="exported for another verifier"):
         load_exported(out, AutoModelForCausalLM.from_pretrained(other_verifier_dir))
     with pytest.raises(TapsError, match="not a readable EAGLE export"):
@@ -253,7 +253,7 @@ def test_load_exported_refuses_another_verifier(verifier, fingerprint, other_ver
 def test_failed_overwrite_leaves_the_old_export(verifier, fingerprint, tmp_path, monkeypatch):
     first = save_checkpoint(make_drafter(verifier, 9, fc_bias=False), fingerprint, tmp_path / "first.ckpt")
     second = save_checkpoint(make_drafter(verifier, 10, fc_bias=False), fingerprint, tmp_path / "second.ckpt")
-    out = export_eagle(first, tmp_path / "exports" / "d", include_embeddings=False, dtype="float32")
+    out = export_drafter(first, tmp_path / "exports" / "d", include_embeddings=False, dtype="float32")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def broken_save(tensors, path, metadata=None):
@@ -262,11 +262,11 @@ def test_failed_overwrite_leaves_the_old_export(verifier, fingerprint, tmp_path,
 
     monkeypatch.setattr(export, "save_file", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        export_eagle(second, out, include_embeddings=False, dtype="float32", overwrite=True)
+        export_drafter(second, out, include_embeddings=False, dtype="float32", overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in out.parent.iterdir()] == ["d"]  # no staging directory left behind
     monkeypatch.undo()
-    export_eagle(second, out, include_embeddings=False, dtype="float32", overwrite=True)
+    export_drafter(second, out, include_embeddings=False, dtype="float32", overwrite=True)
     assert json.loads((out / "taps_export.json").read_text())["source_checkpoint"].endswith("second.ckpt")
 
 

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from taps_train.drafter import Eagle3Drafter, build_drafter
 from taps_train.errors import TapsError
-from taps_train.export import export_bundle, export_eagle, load_exported
-from taps_train.speculators import from_speculators
+from taps_train.export import export_bundle, export_drafter, load_exported
+from taps_train.export.speculators import from_speculators
 from tests.test_export import causal_rope_attention, fingerprint, save_checkpoint  # noqa: F401 - fixture
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -86,7 +86,7 @@ def drafter_logits(drafter: Eagle3Drafter, verifier, ids: torch.Tensor) -> torch
 @pytest.mark.parametrize("layout", ["eagle", "vllm", "speculators"])
 def test_independent_reader_and_round_trip(verifier, fingerprint, random_verifier_dir, tmp_path, layout):  # noqa: F811
     drafter = make_eagle3(verifier, seed=1)
-    out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(random_verifier_dir),
+    out = export_drafter(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(random_verifier_dir),
                        layout=layout, dtype="float32")
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(out / "model.safetensors")
@@ -116,7 +116,7 @@ def test_speculators_layout_holds_eagle3_drafts_only(verifier, fingerprint, rand
 
     checkpoint = save_checkpoint(make_drafter(verifier, 4, True), fingerprint, tmp_path / "hass.ckpt")
     with pytest.raises(TapsError, match="holds EAGLE-3 drafts only"):
-        export_eagle(checkpoint, tmp_path / "out", verifier=str(random_verifier_dir), layout="speculators")
+        export_drafter(checkpoint, tmp_path / "out", verifier=str(random_verifier_dir), layout="speculators")
     assert not (tmp_path / "out").exists()
 
 
@@ -128,7 +128,7 @@ def test_speculators_layout_holds_eagle3_drafts_only(verifier, fingerprint, rand
     ({"draft_vocab_size": "150"}, "no integer draft_vocab_size"),
 ])
 def test_speculators_drafts_taps_train_cannot_reproduce_are_refused(verifier, fingerprint, random_verifier_dir, tmp_path, change, message):  # noqa: F811
-    out = export_eagle(save_checkpoint(make_eagle3(verifier, seed=9), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
+    out = export_drafter(save_checkpoint(make_eagle3(verifier, seed=9), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
                        verifier=str(random_verifier_dir), layout="speculators", dtype="float32")
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, **change}))
@@ -145,7 +145,7 @@ def test_speculators_draft_without_layer_ids_reads_the_speculators_default():
 
 
 def test_speculators_draft_reading_layers_the_verifier_lacks_is_refused(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811
-    out = export_eagle(save_checkpoint(make_eagle3(verifier, seed=10), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
+    out = export_drafter(save_checkpoint(make_eagle3(verifier, seed=10), fingerprint, tmp_path / "d.ckpt"), tmp_path / "out",
                        verifier=str(random_verifier_dir), layout="speculators", dtype="float32")
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": None}))  # default 2, 1, -1 for 2 layers
@@ -159,7 +159,7 @@ def test_speculators_draft_reading_layers_the_verifier_lacks_is_refused(verifier
 def test_sglang_export_without_t2d_reads_back(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811
     """SGLang never reads t2d; a draft exported elsewhere without it still loads."""
     drafter = make_eagle3(verifier, seed=2)
-    out = export_eagle(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(random_verifier_dir), dtype="float32")
+    out = export_drafter(save_checkpoint(drafter, fingerprint, tmp_path / "d.ckpt"), tmp_path / "out", verifier=str(random_verifier_dir), dtype="float32")
     from safetensors.torch import save_file
 
     tensors = load_file(out / "model.safetensors")
@@ -171,7 +171,7 @@ def test_drafters_fusing_states_engines_cannot_capture_are_refused(verifier, fin
     for layers in [(0, 1, 1), (1, 1, 2)]:  # the embeddings; the post-norm output of a 2-layer verifier
         checkpoint = save_checkpoint(make_eagle3(verifier, seed=3, layers=layers), fingerprint, tmp_path / "d.ckpt")
         with pytest.raises(TapsError, match="serving engines capture only the inputs of decoder layers 1..1"):
-            export_eagle(checkpoint, tmp_path / "out", verifier=str(random_verifier_dir))
+            export_drafter(checkpoint, tmp_path / "out", verifier=str(random_verifier_dir))
 
 
 def test_bundle_of_an_eagle3_and_an_eagle2_drafter(verifier, fingerprint, random_verifier_dir, tmp_path):  # noqa: F811

@@ -344,7 +344,7 @@ def test_corrupted_headers_are_refused_in_one_line(tmp_path, f32_file, home):
 @pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()])
 def test_a_failed_write_leaves_no_partial_directory(f32_file, home, monkeypatch, failure):
     def save_then_fail(model, tokenizer, directory, **options):
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)  # the staging directory exists already
         (directory / "config.json").write_text("{}")
         raise failure
 

@@ -175,7 +175,7 @@ def test_eval_logs_depth_table_and_report_artifact(no_wandb_account, recipe, ran
                                                    ({"align_steps": 1, "topk_weight": 0.0}, "LlamaForCausalLMEagle"),
                                                    ({"ttt_steps": 7, "draft_vocab_size": 32000}, "LlamaForCausalLMEagle3")])
 def test_export_provenance_and_run_tags_name_the_same_backbone(hparams, architecture):
-    from taps_train.export import _backbone
+    from taps_train.export.drafter import training_method as _backbone
 
     source = SimpleNamespace(checkpoint={"hyper_parameters": hparams}, config=SimpleNamespace(fc_bias=False, architectures=[architecture]))
     assert [_backbone(source)["name"]] == run_tags(hparams)

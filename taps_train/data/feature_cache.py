@@ -28,12 +28,11 @@ to it directly. The contract is part of the fingerprint.
 import bisect
 import hashlib
 import json
-import os
 import re
 import shutil
-import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from taps_train import files
 from taps_train.data.batching import split_by_length
 from taps_train.data.chat_format import TokenizedSample
 from taps_train.drafter.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
@@ -251,12 +251,11 @@ def _write_shard(model, contract: FeatureContract, samples, directory: Path, spa
             last_save, clock = len(encoded), time.monotonic()
     tensors = _shard_tensors(samples, saved.batches, encoded)
     name = _shard_name(span, settings)
-    tmp = _fresh_tmp(directory, name)
-    # One metadata key: safetensors writes a multi-key metadata map in random order, and a resumed build
-    # must be byte-identical to an uninterrupted one.
-    save_file(tensors, tmp, metadata=_positions(span))
-    record = _record(tmp, name, span, int(tensors["offsets"][-1]))
-    os.replace(tmp, directory / name)
+    with _fresh_file(directory, name) as tmp:
+        # One metadata key: safetensors writes a multi-key metadata map in random order, and a resumed build
+        # must be byte-identical to an uninterrupted one.
+        save_file(tensors, tmp, metadata=_positions(span))
+        record = _record(tmp, name, span, int(tensors["offsets"][-1]))
     saved.discard()
     return record
 
@@ -348,9 +347,8 @@ class SavedBatches:
         """Save the batches of `encoded` from `start` on (those since the previous save)."""
         name = f"batches-{start:05d}-{len(encoded):05d}.safetensors"
         self.folder.mkdir(exist_ok=True)
-        tmp = _fresh_tmp(self.folder, name)
-        save_file({key: torch.cat([values[key] for values in encoded[start:]]) for key in encoded[start]}, tmp, metadata=self.metadata)
-        os.replace(tmp, self.folder / name)
+        with _fresh_file(self.folder, name) as tmp:
+            save_file({key: torch.cat([values[key] for values in encoded[start:]]) for key in encoded[start]}, tmp, metadata=self.metadata)
 
     def discard(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -393,17 +391,18 @@ def _whole_shard_tokens(path: Path, span: tuple[int, int]) -> int | None:
         return None
 
 
-def _fresh_tmp(directory: Path, name: str) -> Path:
-    """This process's temporary file for `name`, after removing what killed writers of `name` left behind.
-    Only one process ever writes a given file (a shard's owner, its saved batches too, or rank 0 for the
-    manifest), and only one build at a time writes a directory (its lock). Named by host and pid so a later
-    build can tell which temporaries are stale (`remove_stale_temporaries`)."""
+@contextmanager
+def _fresh_file(directory: Path, name: str) -> Iterator[Path]:
+    """`files.atomic_file` for `name`, after removing what killed writers of `name` left behind. Only one process
+    ever writes a given file (a shard's owner, its saved batches too, or rank 0 for the manifest), and only one
+    build at a time writes a directory (its lock)."""
     for stale in directory.glob(f".{name}.*.tmp"):
         stale.unlink(missing_ok=True)
-    return directory / f".{name}.{socket.gethostname()}.{os.getpid()}.tmp"
+    with files.atomic_file(directory / name) as tmp:
+        yield tmp
 
 
-_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json|batches-\d+-\d+\.safetensors)\.(?P<host>.+)\.(?P<pid>\d+)\.tmp$")
+_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json|batches-\d+-\d+\.safetensors)\..+\.tmp$")
 
 
 def remove_stale_temporaries(directory: Path) -> tuple[int, int]:
@@ -411,27 +410,8 @@ def remove_stale_temporaries(directory: Path) -> tuple[int, int]:
     removed. Call it with the directory's lock held. A temporary of another host (a shared filesystem) is left
     alone: whether its writer lives cannot be told from here. Saved batches are progress, not temporaries: they
     stay until their shard is written."""
-    host = socket.gethostname()
     candidates = [*directory.glob(".*.tmp"), *directory.glob(".shard-*.partial/.*.tmp")]
-    stale = [path for path in candidates if _written_by_dead_process(path.name, host)]
-    freed = 0
-    for path in stale:
-        freed += path.stat().st_size
-        path.unlink()
-    return len(stale), freed
-
-
-def _written_by_dead_process(name: str, host: str) -> bool:
-    match = _TMP_FILE.match(name)
-    if match is None or match["host"] != host:
-        return False
-    try:
-        os.kill(int(match["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+    return files.remove_dead_leftovers([path for path in candidates if _TMP_FILE.match(path.name)])
 
 
 class FeatureCache:
@@ -582,9 +562,8 @@ def _listed_shards(directory: Path, fingerprint: dict) -> dict[tuple[int, int], 
 
 
 def _write_manifest(directory: Path, manifest: dict) -> None:
-    tmp = _fresh_tmp(directory, "manifest.json")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    os.replace(tmp, directory / "manifest.json")
+    with _fresh_file(directory, "manifest.json") as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def _mismatch(directory: Path, found: dict, expected: dict) -> str:

@@ -32,7 +32,7 @@ from taps_train.data.feature_cache import (
     shard_ranges,
     write_manifest,
 )
-from taps_train.data.locking import exclusive
+from taps_train.files import exclusive
 from taps_train.data.recipe import Recipe, SelectedSource, select
 from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract, check_layers
 from taps_train.errors import TapsError

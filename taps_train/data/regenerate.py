@@ -22,9 +22,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from taps_train import files
 from taps_train.data.chat_format import render_chat
 from taps_train.data.conversation import Conversation
-from taps_train.data.locking import exclusive
+from taps_train.files import exclusive
 from taps_train.data.recipe import Regenerate
 
 CHUNK = 32  # conversations per chunk, by default: what a kill can lose (~30 s with transformers, fp32 SmolLM2 math on 2 cores)
@@ -141,7 +142,7 @@ def _read_done(cache_file: Path, conversations: list[Conversation], chunk: int) 
     if len(done) < len(conversations):
         done = done[: len(done) // chunk * chunk]
     if len(done) != len(lines) - 1 or lines[-1]:
-        cache_file.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in done))
+        files.write_text(cache_file, "".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in done))
     return done
 
 

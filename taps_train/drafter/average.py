@@ -1,14 +1,14 @@
 """Weight-space averaging of drafters (TAPS's "Averaged" baseline): θ = Σ λ_i θ_i."""
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from taps_train import files
+
 from taps_train.drafter.checkpoint import read_checkpoint
-from taps_train.drafter.eagle3 import draft_token_ids, token_maps
+from taps_train.drafter.backbone import backbone_class
 from taps_train.errors import TapsError
 from taps_train.paths import output_file
 
@@ -41,9 +41,8 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
             raise TapsError(f"cannot average {paths[0]} and {path}: trained against different verifiers "
                             f"({first['taps']['verifier']['path']} vs {checkpoint['taps']['verifier']['path']})")
     taps = {**first["taps"], "averaged_from": [str(p) for p in paths], "averaging_weights": weights}
-    if DRAFT_IDS in first["state_dict"]:
-        size = _onto_union_vocabulary([c["state_dict"] for c in checkpoints], weights)
-        taps["drafter_config"] = {**taps["drafter_config"], "draft_vocab_size": size}
+    changed = backbone_class(taps["drafter_config"]).align_for_averaging([c["state_dict"] for c in checkpoints], weights)
+    taps["drafter_config"] = {**taps["drafter_config"], **changed}
     for path, checkpoint in zip(paths[1:], checkpoints[1:]):
         shapes = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items()}
         if shapes != {k: tuple(v.shape) for k, v in first["state_dict"].items()}:
@@ -53,32 +52,12 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
     return {"state_dict": state, "taps": taps}
 
 
-DRAFT_IDS, DRAFT_MASK, DRAFT_HEAD = "drafter.d2t", "drafter.t2d", "drafter.lm_head.weight"
-
-
 def _average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """Weights are averaged; token maps (integer and boolean tensors, one vocabulary after `_onto_union_vocabulary`)
-    are indices, copied, never averaged."""
+    """Weights are averaged; token maps (integer and boolean tensors, one vocabulary after the backbone's
+    `align_for_averaging`) are indices, copied, never averaged."""
     if not tensors[0].is_floating_point():
         return tensors[0]
     return sum(w * t.float() for w, t in zip(weights, tensors)).to(tensors[0].dtype)
-
-
-def _onto_union_vocabulary(states: list[dict], weights: list[float]) -> int:
-    """EAGLE-3 drafters pick their draft vocabularies from their own training sets, so row i of one drafter's head
-    scores another token than row i of the other's. Re-index every head onto the union of the vocabularies of the
-    drafters with weight > 0 (in verifier-id order, as `set_draft_vocabulary` keeps them) before averaging: a token a
-    drafter lacks gets a zero row there, i.e. that drafter adds nothing to its logit. A weight-0 drafter adds no
-    tokens, so weights 1/0 give back the first drafter exactly. Returns the union's size."""
-    own = [draft_token_ids(state[DRAFT_IDS]) for state in states]
-    union = torch.cat([ids for ids, weight in zip(own, weights) if weight > 0]).unique()
-    for state, ids in zip(states, own):
-        rows = torch.searchsorted(union, ids).clamp(max=len(union) - 1)
-        kept = union[rows] == ids
-        head = state[DRAFT_HEAD]
-        state[DRAFT_HEAD] = head.new_zeros(len(union), head.shape[1]).index_copy(0, rows[kept], head[kept])
-        state[DRAFT_IDS], state[DRAFT_MASK] = token_maps(union, len(state[DRAFT_MASK]))
-    return len(union)
 
 
 def _check_finite(state: dict, what: str, fix: str) -> None:
@@ -99,16 +78,6 @@ def check_output(paths: list[str | Path], output: str | Path, option: str = "--o
 def write_average(paths: list[str | Path], weights: list[float] | None, output: str | Path) -> Path:
     output = check_output(paths, output)
     checkpoint = average_checkpoints(paths, weights)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(checkpoint, handle)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with files.atomic_file(output) as tmp:
+        torch.save(checkpoint, tmp)
     return output

@@ -8,6 +8,7 @@ checkpoint, or from an export; nothing else names a drafter class.
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +28,12 @@ class DrafterBackbone(nn.Module, ABC):
 
     config: PretrainedConfig
     config_class: type[PretrainedConfig] = LlamaConfig
+    architecture: ClassVar[str]  # set by `register`
+    label: ClassVar[str]  # what users call it: "EAGLE-3"
+    # How serving engines know this backbone: the architecture name each export layout (`taps_train.export`) writes
+    # for it, where that layout can serve it, and vLLM's speculative method for it.
+    serving: ClassVar[dict[str, str]] = {}
+    vllm_method: ClassVar[str | None] = None
 
     @classmethod
     @abstractmethod
@@ -88,6 +95,71 @@ class DrafterBackbone(nn.Module, ABC):
     def load_verifier_parts(self, verifier: nn.Module) -> None:
         """Share a loaded verifier's input embedding and LM head."""
         self.use_verifier_parts(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)
+
+    @classmethod
+    def trained_as(cls, config: PretrainedConfig) -> str:
+        """The training method's name (`eagle2`, `hass`, ...) as far as the drafter config tells it; the training
+        hyper-parameters, where a checkpoint has them, say it exactly (`training.base.method_of`)."""
+        return cls.architecture
+
+    # --- serving: what export layouts write and read back --------------------------------------------------------
+
+    @classmethod
+    def serving_fields(cls, config: PretrainedConfig, layer_offset: int) -> dict:
+        """Config keys engines need beyond the Llama layer's; fused verifier states are numbered `layer_offset` away
+        from taps-train's `hidden_states` indices (the layout's convention)."""
+        return {}
+
+    @classmethod
+    def check_servable(cls, config: PretrainedConfig, verifier_layers: int | None, where: str) -> None:
+        """Refuse a trained drafter that engines cannot serve as trained (`verifier_layers`: None when unknown)."""
+
+    @classmethod
+    def reads(cls, config_dict: dict) -> bool:
+        """Whether a serving config.json written elsewhere (no taps_export.json names its backbone) is this backbone's."""
+        return False
+
+    @classmethod
+    def from_serving(cls, config_dict: dict, tensors: dict[str, torch.Tensor], verifier_config: PretrainedConfig, where: str,
+                     layer_offset: int) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
+        """This backbone's config and tensors from a serving config (the Llama keys, flat) and its files' tensors, checked."""
+        config = cls.config_class.from_dict({**config_dict, "architectures": [cls.architecture]})
+        check_tensors(tensors, cls.tensor_shapes(config, bias="fc.bias" in tensors, embeddings="embed_tokens.weight" in tensors), where,
+                      cls.index_tensors())
+        return config, tensors
+
+    # --- averaging -----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def align_for_averaging(cls, states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
+        """Make the checkpoints' weights (`drafter.`-prefixed state dicts, edited in place) correspond entry for entry
+        before they are averaged; the drafter config keys that change. Nothing to do where rows mean the same things."""
+        return {}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str,
+                  index_tensors: dict[str, torch.dtype] | None = None) -> None:
+    """Exactly the expected keys, each with its shape; finite floating-point weights, and `index_tensors` (token
+    maps) in their dtype: what decoding, export and averaging rely on."""
+    missing = [key for key in expected if key not in tensors]
+    if missing:
+        raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
+                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") + "; it is not a complete drafter")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise TapsError(f"{where} has tensors this drafter does not: {unexpected}")
+    for key, shape in expected.items():
+        tensor = tensors[key]
+        if tuple(tensor.shape) != shape:
+            raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
+        if key in (index_tensors or {}):
+            if tensor.dtype != index_tensors[key]:
+                raise TapsError(f"{where}: {key} is {tensor.dtype}, expected {index_tensors[key]}; it does not hold a drafter's token map")
+            continue
+        if not tensor.is_floating_point():
+            raise TapsError(f"{where}: {key} is {tensor.dtype}, not floating point; it does not hold a drafter's weights")
+        if not torch.isfinite(tensor).all():
+            raise TapsError(f"{where}: {key} has non-finite values (NaN/inf); the checkpoint is corrupt or training diverged")
 
 
 BACKBONES: dict[str, type[DrafterBackbone]] = {}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from taps_train.drafter.backbone import DrafterBackbone, backbone_class, build_drafter
+from taps_train.drafter.backbone import DrafterBackbone, backbone_class, build_drafter, check_tensors
 from taps_train.drafter.deepspeed_checkpoint import is_deepspeed_checkpoint, read_deepspeed_checkpoint
 from taps_train.errors import TapsError, first_line
 
@@ -72,31 +72,6 @@ def trained_drafter(checkpoint: dict) -> tuple[type[DrafterBackbone], Pretrained
     config.fc_bias = bool(getattr(config, "fc_bias", False))
     names = {key: key.removeprefix("drafter.") for key in checkpoint["state_dict"]}
     return cls, config, {names[key]: value for key, value in checkpoint["state_dict"].items() if names[key] not in cls.frozen_parameter_names()}
-
-
-def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: str,
-                  index_tensors: dict[str, torch.dtype] | None = None) -> None:
-    """Exactly the expected keys, each with its shape; finite floating-point weights, and `index_tensors` (token
-    maps) in their dtype: what decoding, export and averaging rely on."""
-    missing = [key for key in expected if key not in tensors]
-    if missing:
-        raise TapsError(f"{where} lacks {missing[0]} (expected shape {list(expected[missing[0]])})"
-                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else "") + "; it is not a complete drafter")
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise TapsError(f"{where} has tensors this drafter does not: {unexpected}")
-    for key, shape in expected.items():
-        tensor = tensors[key]
-        if tuple(tensor.shape) != shape:
-            raise TapsError(f"{where}: {key} has shape {list(tensor.shape)}, expected {list(shape)} from the drafter config")
-        if key in (index_tensors or {}):
-            if tensor.dtype != index_tensors[key]:
-                raise TapsError(f"{where}: {key} is {tensor.dtype}, expected {index_tensors[key]}; it does not hold a drafter's token map")
-            continue
-        if not tensor.is_floating_point():
-            raise TapsError(f"{where}: {key} is {tensor.dtype}, not floating point; it does not hold a drafter's weights")
-        if not torch.isfinite(tensor).all():
-            raise TapsError(f"{where}: {key} has non-finite values (NaN/inf); the checkpoint is corrupt or training diverged")
 
 
 def check_verifier(checkpoint: dict, fingerprint: dict, where: str) -> None:

@@ -13,6 +13,7 @@ checkpoints store them. Logits come out in the verifier's vocabulary, -inf outsi
 Parameter names follow the EAGLE-3 checkpoint layout (`midlayer.*`, `fc`, `norm`, `lm_head`).
 """
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -21,9 +22,9 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from taps_train.drafter.backbone import DrafterBackbone, register
+from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
 from taps_train.drafter.config import drafter_config
-from taps_train.drafter.features import FeatureContract
+from taps_train.drafter.features import FeatureContract, check_layers
 from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, verifier_sized
 from taps_train.errors import TapsError
 
@@ -123,6 +124,12 @@ class Eagle3Layer(nn.Module):
 
 @register("LlamaForCausalLMEagle3")
 class Eagle3Drafter(DrafterBackbone):
+    label = "EAGLE-3"
+    # SGLang's EAGLE-3 draft class; vLLM's method "eagle3" makes LlamaForCausalLM its Eagle3LlamaForCausalLM; the
+    # speculators library's own class.
+    serving = {"eagle": "LlamaForCausalLMEagle3", "vllm": "LlamaForCausalLM", "speculators": "Eagle3Speculator"}
+    vllm_method = "eagle3"
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -164,6 +171,72 @@ class Eagle3Drafter(DrafterBackbone):
 
     def feature_contract(self) -> FeatureContract:
         return FeatureContract(self.feature_layers)
+
+    @classmethod
+    def serving_fields(cls, config: LlamaConfig, layer_offset: int) -> dict:
+        layers = [i + layer_offset for i in config.eagle_config["eagle_aux_hidden_state_layer_ids"]]
+        return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}}
+
+    @classmethod
+    def check_servable(cls, config: LlamaConfig, verifier_layers: int | None, where: str) -> None:
+        """Engines capture the inputs of decoder layers 1..L-1 (SGLang cannot name the embeddings, and neither engine
+        the post-norm output), each once, and concatenate them in layer order: a drafter fusing other states, or the
+        same ones in another order, would read different features there, and one fusing a state twice (the default
+        on a verifier of under 4 layers) cannot be served."""
+        layers = config.eagle_config["eagle_aux_hidden_state_layer_ids"]
+        outside = [i for i in layers if i < 1 or (verifier_layers is not None and i >= verifier_layers)]
+        if outside:
+            raise TapsError(f"{where} fuses verifier hidden states {layers}; serving engines capture only the inputs of decoder "
+                            f"layers 1..{verifier_layers - 1 if verifier_layers else 'L-1'}, so {outside} cannot be served. "
+                            "Train with feature_layers inside that range")
+        if layers != sorted(layers):
+            raise TapsError(f"{where} fuses verifier hidden states {layers}; serving engines concatenate them in layer order, "
+                            f"so its fc would read them permuted. Train with feature_layers in ascending order")
+        if len(set(layers)) < len(layers):
+            warnings.warn(f"{where} fuses verifier hidden states {layers}, one of them twice (its verifier has fewer than three "
+                          "that engines capture); taps-train reads this export back, but speculators refuses repeated layer ids and "
+                          "vLLM/SGLang capture each layer once, so no engine serves it", stacklevel=4)
+
+    @classmethod
+    def trained_as(cls, config: LlamaConfig) -> str:
+        return "eagle3"
+
+    @classmethod
+    def reads(cls, config_dict: dict) -> bool:
+        return "draft_vocab_size" in config_dict
+
+    @classmethod
+    def from_serving(cls, config_dict: dict, tensors: dict[str, torch.Tensor], verifier_config: PretrainedConfig, where: str,
+                     layer_offset: int) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+        """`t2d`, which SGLang never reads, is rebuilt from `d2t` when absent."""
+        try:
+            layers = [int(i) - layer_offset for i in config_dict["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise TapsError(f"{where}: config.json lacks eagle_config.eagle_aux_hidden_state_layer_ids; it is not an EAGLE-3 draft") from err
+        check_layers(FeatureContract(tuple(layers)), verifier_config, "given to read " + where)
+        config = LlamaConfig.from_dict({**config_dict, "architectures": [cls.architecture], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
+        config.target_hidden_size = getattr(config, "target_hidden_size", None) or config.hidden_size
+        if "t2d" not in tensors and "d2t" in tensors:
+            tensors["t2d"] = token_maps(draft_token_ids(tensors["d2t"]), config.vocab_size)[1]
+        check_tensors(tensors, cls.tensor_shapes(config, bias=False, embeddings="embed_tokens.weight" in tensors), where, cls.index_tensors())
+        return config, tensors
+
+    @classmethod
+    def align_for_averaging(cls, states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
+        """EAGLE-3 drafters pick their draft vocabularies from their own training sets, so row i of one drafter's head
+        scores another token than row i of the other's. Every head is re-indexed onto the union of the vocabularies of
+        the drafters with weight > 0 (in verifier-id order, as `set_draft_vocabulary` keeps them): a token a drafter
+        lacks gets a zero row there, i.e. that drafter adds nothing to its logit. A weight-0 drafter adds no tokens,
+        so weights 1/0 give back the first drafter exactly."""
+        own = [draft_token_ids(state["drafter.d2t"]) for state in states]
+        union = torch.cat([ids for ids, weight in zip(own, weights) if weight > 0]).unique()
+        for state, ids in zip(states, own):
+            rows = torch.searchsorted(union, ids).clamp(max=len(union) - 1)
+            kept = union[rows] == ids
+            head = state["drafter.lm_head.weight"]
+            state["drafter.lm_head.weight"] = head.new_zeros(len(union), head.shape[1]).index_copy(0, rows[kept], head[kept])
+            state["drafter.d2t"], state["drafter.t2d"] = token_maps(union, len(state["drafter.t2d"]))
+        return {"draft_vocab_size": len(union)}
 
     @classmethod
     def frozen_parameter_names(cls) -> list[str]:

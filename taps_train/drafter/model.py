@@ -23,7 +23,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from taps_train.drafter.backbone import DrafterBackbone, register
+from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
 from taps_train.drafter.config import drafter_config
 from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract
 from taps_train.errors import TapsError
@@ -132,6 +132,11 @@ class DrafterLayer(nn.Module):
 class Drafter(DrafterBackbone):
     """EAGLE-1/2, and HASS (same network, other training): one Llama layer over the verifier's last feature."""
 
+    label = "EAGLE-1/2"
+    # SGLang's EAGLE draft class; vLLM prefixes the architecture with `Eagle` itself (-> its EagleLlamaForCausalLM).
+    serving = {"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}
+    vllm_method = "eagle"
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -159,6 +164,29 @@ class Drafter(DrafterBackbone):
 
     def feature_contract(self) -> FeatureContract:
         return EAGLE_FEATURES
+
+    @classmethod
+    def trained_as(cls, config: LlamaConfig) -> str:
+        return "hass" if getattr(config, "fc_bias", False) else "eagle2"  # HassModule's default fc bias is true, Eagle2Module's false
+
+    @classmethod
+    def reads(cls, config_dict: dict) -> bool:
+        return "draft_vocab_size" not in config_dict  # an EAGLE-1/2 draft predicts over the whole vocabulary
+
+    @classmethod
+    def from_serving(cls, config_dict: dict, tensors: dict[str, torch.Tensor], verifier_config: PretrainedConfig, where: str,
+                     layer_offset: int) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+        """`fc_bias` says whether the drafter was trained with one; SGLang's zero `fc.bias` of a drafter trained
+        without is dropped (checked zero)."""
+        has_bias = "fc.bias" in tensors
+        config = LlamaConfig.from_dict({**config_dict, "architectures": [cls.architecture]})
+        config.fc_bias = bool(config_dict.get("fc_bias", has_bias))
+        check_tensors(tensors, cls.tensor_shapes(config, bias=has_bias or config.fc_bias, embeddings="embed_tokens.weight" in tensors), where)
+        if has_bias and not config.fc_bias:
+            if tensors["fc.bias"].any():
+                raise TapsError(f"{where}: config.json says fc_bias false but fc.bias is not zero; fix config.json")
+            del tensors["fc.bias"]
+        return config, tensors
 
     @classmethod
     def frozen_parameter_names(cls) -> list[str]:

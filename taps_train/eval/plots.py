@@ -14,6 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from taps_train import files
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
 from taps_train.eval.report import read_report, speedup_cell, tau_only_cell
@@ -384,7 +385,8 @@ def write_report(paths: Iterable[str | Path], out: str | Path) -> list[Path]:
     drawn = figures(reports)
     for name, figure in drawn.items():
         written.append(out / f"{name}.png")
-        figure.savefig(written[-1], dpi=DPI, bbox_inches="tight")
+        with files.atomic_file(written[-1]) as tmp:
+            figure.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
     written.append(out / "report.md")
-    written[-1].write_text(markdown(reports, drawn))
+    files.write_text(written[-1], markdown(reports, drawn))
     return written

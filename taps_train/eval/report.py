@@ -357,3 +357,16 @@ def _kind(value: Any) -> str:
         return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def tau_table(paths: list[str | Path]) -> list[dict]:
+    """The acceptance lengths of `taps-train eval` reports, as an export records them."""
+    table = []
+    for path in paths:
+        report = read_report(path).as_dict()
+        table.append({
+            "report": str(path),
+            **{key: report[key] for key in ("strategy", "temperature", "drafters", "tree")},
+            "acceptance_length": {name: result["acceptance_length"] for name, result in report["benchmarks"].items()},
+        })
+    return table

@@ -6,12 +6,14 @@ an ordering on the average), and the claim is *supported* when the 95% interval 
 0, *contradicted* when it lies below, and *not resolved* otherwise.
 """
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from taps_train import files
 from taps_train.errors import TapsError
 from taps_train.eval.intervals import RESAMPLES, paired_difference_interval
 from taps_train.eval.report import EvalReport, read_report
@@ -65,15 +67,10 @@ def claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> l
     return found
 
 
-# The methods' own papers: HASS and EAGLE-3 each report a longer τ than EAGLE-2; EAGLE-3, the later one, is
-# claimed over HASS here. A backbone's method is the module class of its fit config.
-METHOD_RANK = {"Eagle2Module": 0, "HassModule": 1, "Eagle3Module": 2}
-
-
 def backbone_claims(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> list[Claim]:
     """The later method beats the earlier one, drafter for drafter (each training set, on each of its benchmarks; a
     mixture on every benchmark), on the same prompts. `Claim.backbone` holds the training set here."""
-    ranked = sorted((METHOD_RANK[m], name) for name, m in backbone_methods(study).items() if m in METHOD_RANK)
+    ranked = sorted((rank, name) for name, rank in backbone_ranks(study).items() if rank is not None)
     pairs = [(later, earlier) for i, (_, earlier) in enumerate(ranked) for _, later in ranked[i + 1:]]
     sets = {**{name: [benchmark_name(b) for b in domain.benchmarks] for name, domain in study.domains.items()},
             **{name: [benchmark_name(b) for b in study.benchmarks] for name in study.mixtures}}
@@ -88,13 +85,22 @@ def backbone_claims(study: Study, reports: dict[tuple[str, str, float], EvalRepo
     return found
 
 
-def backbone_methods(study: Study) -> dict[str, str]:
-    """Backbone name -> the module class its fit config trains (Study.check has read every config)."""
-    methods = {}
+def backbone_ranks(study: Study) -> dict[str, int | None]:
+    """Backbone name -> the `study_rank` of the module class its fit config trains (the methods' own papers: HASS and
+    EAGLE-3 each report a longer τ than EAGLE-2; EAGLE-3, the later one, is claimed over HASS). Study.check has read
+    every config."""
+    import taps_train.training
+
+    ranks = {}
     for name, path in study.backbones.items():
-        model = read_yaml(path, "fit config", FIX).get("model") or {}
-        methods[name] = str(model.get("class_path", "")).rsplit(".", 1)[-1]
-    return methods
+        class_path = str((read_yaml(path, "fit config", FIX).get("model") or {}).get("class_path", ""))
+        module_name, _, class_name = class_path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name) if module_name else taps_train.training
+        except ImportError:
+            module = None
+        ranks[name] = getattr(getattr(module, class_name, None), "study_rank", None)
+    return ranks
 
 
 def orderings(study: Study, best_single: str | None) -> list[tuple[str, str, str, list[str]]]:
@@ -222,7 +228,7 @@ def write_study_report(study: Study, tree: str = "fixed", pending: int = 0) -> l
         *([comparison(study, study_reports(study, tree))] if study.compare_with else []),
     ]
     written.append(root / "report.md")
-    written[-1].write_text("\n\n".join(page))
+    files.write_text(written[-1], "\n\n".join(page))
     return written
 
 

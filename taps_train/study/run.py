@@ -10,7 +10,6 @@ when its fingerprint is unchanged.
 import ctypes
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -22,7 +21,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from taps_train.data.locking import exclusive
+from taps_train import files
+from taps_train.files import exclusive
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
 from taps_train.study.config import Study
@@ -148,12 +148,9 @@ class _State:
         return [entry.get("sha256") for entry in outputs if isinstance(entry, dict)] if isinstance(outputs, list) else []
 
     def record(self, cell: Cell, seconds: float) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path(cell).with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"fingerprint": cell.fingerprint, "seconds": round(seconds, 1), "steps": cell.steps,
-                                   "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs], "read": self.reads(cell)},
-                                  indent=2))
-        os.replace(tmp, self.path(cell))
+        files.write_text(self.path(cell), json.dumps({"fingerprint": cell.fingerprint, "seconds": round(seconds, 1), "steps": cell.steps,
+                                                      "decodes": cell.decodes, "outputs": [_summary(p) for p in cell.outputs],
+                                                      "read": self.reads(cell)}, indent=2))
 
     def measured(self, cells: list[Cell]) -> float | None:
         """Seconds per step (fits) or per decode (evals) over those of `cells` finished here (seconds include start-up)."""
@@ -230,8 +227,8 @@ def _prepare_fit(cell: Cell, state: _State, args: list[str]) -> None:
         for stale in directory.glob("*.ckpt"):
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()  # DeepSpeed checkpoints are directories
     directory.mkdir(parents=True, exist_ok=True)
-    cell.config_path.write_text(yaml.safe_dump(cell.fit_config, sort_keys=False))
-    (directory / "started.json").write_text(json.dumps({"fingerprint": cell.fingerprint}))
+    files.write_text(cell.config_path, yaml.safe_dump(cell.fit_config, sort_keys=False))
+    files.write_text(directory / "started.json", json.dumps({"fingerprint": cell.fingerprint}))
 
 
 def _read_started(directory: Path) -> dict | None:

@@ -8,6 +8,8 @@ drafter (`make_drafter`) and says what a batch's loss is (`step_losses`).
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import Callback, LightningModule
@@ -27,8 +29,28 @@ from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 SCHEDULES = ("cosine", "linear", "constant")
 
 
+def method_of(hparams: Mapping[str, Any]) -> str | None:
+    """The training method a module's saved hyper-parameters name (W&B tags and export provenance read it here, so
+    they always agree); None when no module recognizes them."""
+    import taps_train.training  # noqa: F401  (every shipped module registers by subclassing)
+
+    def modules(cls: type) -> list[type]:
+        return [cls, *(sub for child in cls.__subclasses__() for sub in modules(child))]
+
+    return next((name for module in modules(DrafterModule) if (name := module.method_from(hparams))), None)
+
+
 class DrafterModule(LightningModule, ABC):
     drafter_class: type[DrafterBackbone]  # the network this module trains (each subclass names its backbone)
+    # Where the method stands among its peers in a study's "later method beats earlier" claims (its paper's order);
+    # None: not ranked.
+    study_rank: ClassVar[int | None] = None
+
+    @classmethod
+    def method_from(cls, hparams: Mapping[str, Any]) -> str | None:
+        """The training method (`eagle2`, `hass`, ...) these hyper-parameters (this module's, as saved) train; None
+        when they are not this module's."""
+        return None
 
     def __init__(
         self,

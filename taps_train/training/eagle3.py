@@ -22,6 +22,11 @@ from taps_train.training.base import DrafterModule
 
 class Eagle3Module(DrafterModule):
     drafter_class = Eagle3Drafter
+    study_rank = 2
+
+    @classmethod
+    def method_from(cls, hparams) -> str | None:
+        return "eagle3" if "draft_vocab_size" in hparams else None
 
     def __init__(
         self,

@@ -27,6 +27,14 @@ ALIGN_REDUCTIONS = ("mean", "sum")
 
 class Eagle2Module(DrafterModule):
     drafter_class = Drafter
+    study_rank = 0
+
+    @classmethod
+    def method_from(cls, hparams) -> str | None:
+        """HASS is EAGLE-2 plus top-K distillation and context alignment: a module with either on trains HASS."""
+        if "align_steps" not in hparams and "topk_weight" not in hparams:
+            return None
+        return "hass" if hparams.get("align_steps", 1) > 1 or hparams.get("topk_weight", 0.0) > 0 else "eagle2"
 
     def __init__(
         self,
@@ -122,6 +130,8 @@ class HassModule(Eagle2Module):
     HASS's reference trains in two stages: `topk_weight: 0`, then `topk_weight: 1.0` at a lower `lr` with
     `init_from:` stage 1's checkpoint (configs/hass_*_stage1.yaml, configs/hass_*_stage2.yaml).
     """
+
+    study_rank = 1
 
     def __init__(self, align_steps: int = 3, topk_weight: float = 1.0, topk: int = 10, fc_bias: bool = True, **kwargs):
         super().__init__(align_steps=align_steps, topk_weight=topk_weight, topk=topk, fc_bias=fc_bias, **kwargs)

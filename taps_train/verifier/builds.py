@@ -1,12 +1,11 @@
 """Verifier directories taps-train writes itself (the tiny verifier, converted GGUF models).
 
-Each is staged in a side directory, gets a manifest with the SHA-256 of every file written last, and is
-renamed into place; every use checks the files against the manifest, so a damaged build is refused
+Each is written in a staging directory (`files.atomic_directory`), gets a manifest with the SHA-256 of every file
+written last, and is renamed into place; every use checks the files against the manifest, so a damaged build is refused
 with the command that rebuilds it instead of running with other weights.
 """
 
 import json
-import shutil
 from pathlib import Path
 
 from taps_train.errors import TapsError
@@ -17,13 +16,10 @@ def file_digests(directory: Path) -> dict[str, str]:
     return {f.name: file_sha256(f) for f in sorted(directory.iterdir()) if f.is_file()}
 
 
-def publish(staging: Path, out_dir: Path, manifest_name: str, manifest: dict) -> None:
-    """Write the manifest (with the staged files' hashes) and move `staging` to `out_dir`."""
+def write_manifest(staging: Path, manifest_name: str, manifest: dict) -> None:
+    """The manifest of a staged build, with the hashes of the files staged so far (write it last)."""
     manifest = {**manifest, "files": file_digests(staging)}
     (staging / manifest_name).write_text(json.dumps(manifest, indent=2))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    staging.rename(out_dir)
 
 
 def check_files(path: Path, manifest_name: str, what: str, fix: str) -> dict:

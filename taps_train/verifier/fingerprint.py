@@ -3,11 +3,11 @@ silently used with another."""
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from taps_train.files import write_text
 from taps_train.hashing import file_sha256
 from taps_train.home import taps_home
 
@@ -54,10 +54,7 @@ def memoized_sha256(files: list[Path]) -> list[str]:
             changed = True
         digests.append(memo[key])
     if changed:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(memo))
-        os.replace(tmp, memo_path)
+        write_text(memo_path, json.dumps(memo))
     return digests
 
 

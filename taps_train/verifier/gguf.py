@@ -14,7 +14,6 @@ drafters, exports) then sees an ordinary model directory.
 
 import importlib.util
 import json
-import shutil
 import struct
 import time
 from contextlib import contextmanager
@@ -22,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from rich.console import Console
 
 from taps_train.errors import TapsError, first_line
+from taps_train.files import atomic_directory, exclusive, recover_directory
 from taps_train.home import taps_home
-from taps_train.verifier.builds import check_files, publish
+from taps_train.verifier.builds import check_files, write_manifest
 from taps_train.verifier.fingerprint import memoized_sha256
 from taps_train.verifier.portable import save_portable
 
@@ -91,7 +90,7 @@ def ensure_gguf_verifier(name_or_path: str, dtype: str = "float32", home: Path |
     if _current(out_dir, fix):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out_dir) + ".lock"):
+    with exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another conversion of {source}"):
         if not _current(out_dir, fix):  # another process may have converted it while we waited
             _convert(source, digest, dtype, out_dir)
     check_files(out_dir, MANIFEST, "converted GGUF verifier", fix)
@@ -105,30 +104,30 @@ def _current(out_dir: Path, fix: str) -> bool:
 
 
 def _convert(source: Path, digest: str, dtype: str, out_dir: Path) -> None:
-    """Convert in a staging directory renamed into place at the end: a failure or interrupt leaves nothing behind."""
+    """Convert in a staging directory renamed into place at the end: a failure or interrupt leaves nothing behind
+    (a kill, nothing that the next conversion does not remove)."""
     began = time.perf_counter()
     console.print(f"converting {source} to a Hugging Face directory ({dtype}; once, reused afterwards)")
     tokenizer, quantized = _read_gguf(source)
     config = quantized.config
     plain = _plain_model(quantized, dtype)
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
     try:
-        save_portable(plain, tokenizer, staging)
-        _fit_vocabulary(source, staging, config.vocab_size)
-        manifest = {
-            "format": GGUF_FORMAT,
-            "source": {"file": str(source.resolve()), "sha256": digest, "bytes": source.stat().st_size},
-            "dtype": dtype,
-            "architecture": config.architectures[0] if config.architectures else config.model_type,
-            "parameters": sum(p.numel() for p in plain.parameters()),
-            "build_seconds": round(time.perf_counter() - began, 1),
-        }
-        publish(staging, out_dir, MANIFEST, manifest)
+        for line in recover_directory(out_dir, "conversion"):
+            console.print(line)
+        with atomic_directory(out_dir) as staging:
+            save_portable(plain, tokenizer, staging)
+            _fit_vocabulary(source, staging, config.vocab_size)
+            manifest = {
+                "format": GGUF_FORMAT,
+                "source": {"file": str(source.resolve()), "sha256": digest, "bytes": source.stat().st_size},
+                "dtype": dtype,
+                "architecture": config.architectures[0] if config.architectures else config.model_type,
+                "parameters": sum(p.numel() for p in plain.parameters()),
+                "build_seconds": round(time.perf_counter() - began, 1),
+            }
+            write_manifest(staging, MANIFEST, manifest)
     except OSError as err:
         raise TapsError(f"cannot write the converted GGUF verifier to {out_dir}: {first_line(err)}; free disk space or set TAPS_HOME") from err
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     console.print(f"GGUF verifier ready at {out_dir} ({manifest['parameters']:,} parameters, {manifest['build_seconds']} s)")
 
 

@@ -5,7 +5,6 @@ nothing here, and a step-indexed data order plus a state file makes resume exact
 """
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import LlamaForCausalLM
+
+from taps_train import files
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,8 @@ def pretrain(
 
 
 def _save_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
-    os.replace(tmp, path)
+    with files.atomic_file(path) as tmp:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
 
 
 @torch.no_grad()

@@ -14,7 +14,6 @@ never produced. Token ids in config.json come from that tokenizer, not from Llam
 
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.errors import TapsError
+from taps_train.files import atomic_directory, recover_directory
 from taps_train.verifier.portable import save_portable
 from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
 
@@ -82,38 +82,33 @@ def build_standin(
         console.print(f"reusing stand-in verifier at {out}")
         return out
     began = time.perf_counter()
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    recover_directory(out, "build")
+    with atomic_directory(out) as staging:
+        tokenizer = _tokenizer(spec)
+        config = _config(spec, tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids(EOT), tokenizer.pad_token_id)
+        model = _random_model(config, spec)
+        model.generation_config = GenerationConfig(
+            bos_token_id=config.bos_token_id,
+            eos_token_id=[config.eos_token_id, tokenizer.convert_tokens_to_ids(EOS)],
+            pad_token_id=config.pad_token_id,
+        )
+        # Half the embedding's size puts the embedding and the LM head in shards of their own (a tensor
+        # larger than the limit is never split) and spreads the decoder layers over further shards.
+        embedding_bytes = model.get_input_embeddings().weight.nbytes
+        save_portable(model, tokenizer, staging, max_shard_size=embedding_bytes // 2)
+        parameters = sum(p.numel() for p in model.parameters())
+        del model
 
-    tokenizer = _tokenizer(spec)
-    config = _config(spec, tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids(EOT), tokenizer.pad_token_id)
-    model = _random_model(config, spec)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=[config.eos_token_id, tokenizer.convert_tokens_to_ids(EOS)],
-        pad_token_id=config.pad_token_id,
-    )
-    # Half the embedding's size puts the embedding and the LM head in shards of their own (a tensor
-    # larger than the limit is never split) and spreads the decoder layers over further shards.
-    embedding_bytes = model.get_input_embeddings().weight.nbytes
-    save_portable(model, tokenizer, staging, max_shard_size=embedding_bytes // 2)
-    parameters = sum(p.numel() for p in model.parameters())
-    del model
-
-    shards = sorted(set(json.loads((staging / "model.safetensors.index.json").read_text())["weight_map"].values()))
-    manifest = {
-        "spec": asdict(spec),
-        "parameters": parameters,
-        "tokenizer_entries": len(tokenizer),
-        "shards": shards,
-        "build_seconds": round(time.perf_counter() - began, 1),
-        "files": {f.name: f.stat().st_size for f in sorted(staging.iterdir()) if f.is_file()},
-    }
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    if out.exists():
-        out.rmdir()  # _reusable only lets an empty directory through
-    staging.rename(out)
+        shards = sorted(set(json.loads((staging / "model.safetensors.index.json").read_text())["weight_map"].values()))
+        manifest = {
+            "spec": asdict(spec),
+            "parameters": parameters,
+            "tokenizer_entries": len(tokenizer),
+            "shards": shards,
+            "build_seconds": round(time.perf_counter() - began, 1),
+            "files": {f.name: f.stat().st_size for f in sorted(staging.iterdir()) if f.is_file()},
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     size_gb = sum(manifest["files"].values()) / 1e9
     console.print(
         f"stand-in verifier ready at {out}: {parameters / 1e9:.2f}B parameters, {size_gb:.2f} GB in "

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from rich.console import Console
 from transformers import (
     AutoTokenizer,
@@ -38,8 +37,9 @@ from taps_train.data.corpora import (
     sharegpt_package_path,
 )
 from taps_train.errors import TapsError
+from taps_train.files import atomic_directory, exclusive, recover_directory
 from taps_train.home import taps_home
-from taps_train.verifier.builds import check_files, publish
+from taps_train.verifier.builds import check_files, write_manifest
 from taps_train.verifier.generation import greedy_reply
 from taps_train.verifier.portable import save_portable
 from taps_train.verifier.pretrain import PretrainSchedule, mean_loss, pretrain
@@ -104,7 +104,7 @@ def build_tiny_verifier(spec: TinyVerifierSpec = TinyVerifierSpec(), home: Path 
     """Build (or, with `force` or when corrupt, rebuild) the tiny verifier and return its directory."""
     out_dir = tiny_verifier_dir(spec, home)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out_dir) + ".lock"):
+    with exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another build of {out_dir}"):
         if out_dir.exists() and not force:
             try:
                 check_build(out_dir)
@@ -157,9 +157,6 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
     for sample in samples.values():
         sample["continuation"] = greedy_reply(model, tokenizer, sample["prompt"], max_new_tokens=96)
 
-    staging = work / "final"
-    shutil.rmtree(staging, ignore_errors=True)
-    save_portable(model, tokenizer, staging)
     manifest = {
         "format": BUILD_FORMAT,
         "spec": asdict(spec),
@@ -187,7 +184,10 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "samples": samples,
         "build_seconds": round(time.perf_counter() - began, 1),
     }
-    publish(staging, out_dir, MANIFEST, manifest)
+    recover_directory(out_dir, "build")
+    with atomic_directory(out_dir) as staging:
+        save_portable(model, tokenizer, staging)
+        write_manifest(staging, MANIFEST, manifest)
     shutil.rmtree(work)
     console.print(
         f"tiny verifier ready at {out_dir} in {manifest['build_seconds']} s: "

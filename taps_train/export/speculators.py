@@ -1,4 +1,4 @@
-"""The speculators layout of an EAGLE-3 draft (neuralmagic's `speculators` library; vLLM serves it with
+"""The `speculators` layout of an EAGLE-3 draft (the `speculators` library's format; vLLM serves it with
 `vllm serve DIR`, taking the verifier from the config).
 
 `config.json` nests the drafter's Llama config under `transformer_layer_config` (its `vocab_size` is the
@@ -17,14 +17,34 @@ from collections.abc import Mapping
 import torch
 from transformers import LlamaConfig
 
+from taps_train.drafter import DrafterBackbone
 from taps_train.errors import TapsError
+from taps_train.export.layout import Layout, register
 
 MODEL_TYPE = "eagle3"
-ARCHITECTURE = "Eagle3Speculator"
 LAYOUT_VERSION = "0.9.0"  # the speculators release whose config schema this layout follows
 SPECULATIVE_TOKENS = 3  # the greedy chain length vLLM drafts when the serving command does not say
 VARIANT_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 LAYER_PREFIX, SPECULATORS_LAYER_PREFIX = "midlayer.", "layers.0."
+
+
+@register
+class SpeculatorsLayout(Layout):
+    name = "speculators"
+    engine = "the speculators library's format, served by `vllm serve DIR` alone"
+    served_alone = True
+
+    def vllm_method(self, backbone: type[DrafterBackbone]) -> str | None:
+        return backbone.vllm_method
+
+    def recognizes(self, config: dict) -> bool:
+        return "speculators_model_type" in config
+
+    def files(self, config, tensors, drafter, verifier, verifier_architectures, dtype):
+        return speculators_config(config, drafter, verifier, verifier_architectures, dtype), to_speculators_names(tensors)
+
+    def read(self, config, tensors, verifier_layers, where):
+        return from_speculators(config, tensors, verifier_layers, where)
 
 
 def speculators_config(llama: dict, config: LlamaConfig, verifier: str, verifier_architectures: list[str], dtype: str) -> dict:
@@ -32,7 +52,7 @@ def speculators_config(llama: dict, config: LlamaConfig, verifier: str, verifier
     layer_config = {key: value for key, value in llama.items() if key not in ("architectures", "eagle_config", "draft_vocab_size",
                                                                                "target_hidden_size", "bias", "fc_bias")}
     return {
-        "architectures": [ARCHITECTURE],
+        "architectures": llama["architectures"],
         "speculators_model_type": MODEL_TYPE,
         "speculators_version": LAYOUT_VERSION,
         "transformer_layer_config": layer_config,
@@ -54,10 +74,6 @@ def speculators_config(llama: dict, config: LlamaConfig, verifier: str, verifier
 
 def to_speculators_names(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {_renamed(key, LAYER_PREFIX, SPECULATORS_LAYER_PREFIX): value for key, value in tensors.items()}
-
-
-def is_speculators(config_dict: dict) -> bool:
-    return "speculators_model_type" in config_dict
 
 
 def from_speculators(config_dict: dict, tensors: Mapping[str, torch.Tensor], num_verifier_layers: int,

@@ -1,0 +1,16 @@
+"""Export drafters as the draft-model directories serving engines load, and read them back.
+
+One module per layout (`sglang.py`: `--format eagle`, `vllm.py`, `speculators.py`), each registering a `Layout`;
+`drafter.py` writes one drafter through a layout, `bundle.py` a composition of several, `reader.py` reads any of them
+back, `directory.py` keeps the output directory whole. A new layout is one module here, imported below.
+"""
+
+# Drafts exported elsewhere are recognized by the first layout that claims their config: vLLM's plain Llama names
+# claim whatever the others do not, so it comes last.
+from taps_train.export import speculators, sglang, vllm  # noqa: F401  (registers the layouts)
+from taps_train.export.bundle import BUNDLE_STRATEGIES, export_bundle
+from taps_train.export.drafter import export_drafter
+from taps_train.export.layout import LAYOUTS, Layout, register, serving_config
+from taps_train.export.reader import load_exported
+
+__all__ = ["BUNDLE_STRATEGIES", "LAYOUTS", "Layout", "export_bundle", "export_drafter", "load_exported", "register", "serving_config"]

@@ -1,0 +1,181 @@
+"""Files that later runs trust: written whole or not at all, one writer at a time, leftovers of the dead removed.
+
+Every file or directory taps-train publishes is written under a temporary name beside its final one and renamed
+into place when complete, so a kill, a full disk or an error never leaves a half-written file under a name that a
+later run reads. Temporaries name their writer (`.<name>.<host>.<pid>.tmp`, staging directories
+`.<name>.<host>.<pid>.<random>.partial`): `writer_gone` tells a dead writer's leftovers from a live one's, and
+only this host's can be told (a shared filesystem may hold another machine's work in progress).
+"""
+
+import fcntl
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}.{os.getpid()}"
+
+
+# --- files -----------------------------------------------------------------------------------------------------------
+
+
+def temporary_path(path: Path) -> Path:
+    """Where this process writes `path` before renaming it into place."""
+    return path.with_name(f".{path.name}.{_owner()}.tmp")
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` to write to; it replaces `path` when the block ends without error and is
+    removed otherwise (after a kill, by the next `remove_dead_leftovers` of its directory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
+
+
+# --- dead writers ----------------------------------------------------------------------------------------------------
+
+
+def writer_gone(name: str, target: str | None = None) -> bool:
+    """Whether `name`, a temporary file or staging directory named as this module names them (of `target`, when
+    given), was left by a process of this host that no longer runs. Other hosts' leftovers, and names without an
+    owner, are never gone."""
+    target_pattern = re.escape(target) if target is not None else ".+"
+    match = re.fullmatch(rf"\.{target_pattern}\.{re.escape(socket.gethostname())}\.(?P<pid>\d+)(?:\.[^.]+)?\.(?:tmp|partial)", name)
+    if match is None:
+        return False
+    try:
+        os.kill(int(match["pid"]), 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # alive but another user's, or no possible pid
+        pass
+    return False
+
+
+def remove_dead_leftovers(paths: list[Path], target: str | None = None) -> tuple[int, int]:
+    """Remove those of `paths` that dead writers (of `target`, when given) of this host left; (how many, bytes freed)."""
+    removed = freed = 0
+    for path in paths:
+        if not writer_gone(path.name, target):
+            continue
+        if path.is_dir():
+            freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            freed += path.stat().st_size
+            path.unlink(missing_ok=True)
+        removed += 1
+    return removed, freed
+
+
+# --- directories -----------------------------------------------------------------------------------------------------
+
+
+def _retired(target: Path) -> list[Path]:
+    return sorted(target.parent.glob(f".{target.name}.*.old"), key=lambda p: p.stat().st_mtime) if target.parent.is_dir() else []
+
+
+def recover_directory(target: Path, what: str = "write") -> list[str]:
+    """Undo what writers of `target` killed mid-way left: a previous directory moved aside and not put back (a kill
+    between `atomic_directory`'s two renames) returns, dead writers' staging directories go. What was done, in words
+    (`what` names a writer's work: "export")."""
+    done = []
+    retired = _retired(target)
+    if retired and not target.exists():
+        retired[-1].rename(target)
+        done.append(f"restored the previous {what} at {target} (an earlier {what} was interrupted while replacing it)")
+    if target.parent.is_dir():
+        count, _ = remove_dead_leftovers([p for p in target.parent.glob(f".{target.name}.*.partial") if p.is_dir()], target.name)
+        if count:
+            done.append(f"removed {count} staging director{'y' if count == 1 else 'ies'} of interrupted {what}s to {target}")
+    return done
+
+
+@contextmanager
+def atomic_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty staging directory beside `target` to fill; when the block ends without error it replaces
+    `target` (an existing one is moved aside first and deleted only after), otherwise it is removed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{_owner()}.", suffix=".partial", dir=target.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        _replace_directory(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    if not target.exists():
+        new.rename(target)
+        return
+    retired = new.with_suffix(".old")
+    target.rename(retired)
+    try:
+        new.rename(target)
+    except OSError:
+        retired.rename(target)
+        raise
+    shutil.rmtree(retired)
+
+
+# --- one writer at a time --------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def exclusive(lock_file: Path, waiting_for: str) -> Iterator[None]:
+    """Hold the lock `lock_file` while the block runs, across processes and (on a shared filesystem) nodes: an
+    exclusive advisory lock (flock). `waiting_for` ("another build of <dir>") says, once, why a process waits.
+
+    The lock file names its holder (host:pid), so a waiter can say whom it waits for. It is removed on release; a
+    waiter that got the lock on a file removed meanwhile takes it again on the new one, so two holders never hold
+    different files of one path."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    announced = False
+    while True:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not announced:
+                print(f"waiting for {waiting_for} ({_read_holder(fd)}) ...", file=sys.stderr, flush=True)
+                announced = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        if _still_at(fd, lock_file):
+            break
+        os.close(fd)  # the previous holder removed this file on release: lock the current one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
+        yield
+    finally:
+        lock_file.unlink(missing_ok=True)  # still held here, so nobody can take the removed file's lock and believe it current
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    return os.pread(fd, 256, 0).decode(errors="replace").strip() or "holder unknown"
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except FileNotFoundError:
+        return False
