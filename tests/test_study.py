@@ -160,7 +160,8 @@ def test_dry_run_estimates_from_the_verifiers_prior_rates_then_from_the_studys_o
 
     run_study(study, dry_run=True)
     assert "estimated time unknown" in capsys.readouterr().err
-    monkeypatch.setitem(run.PRIOR_RATES, study.verifier, run.Rates({"Eagle2Module": 10.0}, {"fixed": 64.0, "auto": 1.0}, {"fit": 5.0, "eval": 1.0}))
+    rates = run.Rates({"Eagle2Module": 10.0}, {"fixed": 64.0, "auto": 1.0}, {"fit": 5.0, "eval": 1.0})
+    monkeypatch.setattr(run, "prior_rates", lambda: {study.verifier: rates})
     run_study(study, dry_run=True)  # 2 fits x (2 steps x 10 s + 5 s) + 5 evals x (2 prompts x 2 benchmarks x 6 s + 1 s) = 50 + 125 s
     assert "estimated time 2m55s" in capsys.readouterr().err
     (study.out_dir / "cells").mkdir(parents=True)  # a fit recorded at 50 s per step (its checkpoint gone: to do again)

@@ -5,9 +5,7 @@ One module per layout (`sglang.py`: `--format eagle`, `vllm.py`, `speculators.py
 back, `directory.py` keeps the output directory whole. A new layout is one module here, imported below.
 """
 
-# Drafts exported elsewhere are recognized by the first layout that claims their config: vLLM's plain Llama names
-# claim whatever the others do not, so it comes last.
-from taps_train.export import speculators, sglang, vllm  # noqa: F401  (registers the layouts)
+from taps_train.export import sglang, speculators, vllm  # noqa: F401  (registers the layouts)
 from taps_train.export.bundle import BUNDLE_STRATEGIES, export_bundle
 from taps_train.export.drafter import export_drafter
 from taps_train.export.layout import LAYOUTS, Layout, register, serving_config

@@ -23,6 +23,7 @@ class Layout:
     engine: ClassVar[str]  # who loads it and how, for `--format`'s help
     layer_offset: ClassVar[int] = 0  # fused verifier states as the engine numbers them, minus taps-train's indices
     served_alone: ClassVar[bool] = False  # whether vLLM serves the directory as the model itself (its config names the verifier)
+    fallback: ClassVar[bool] = False  # drafts from elsewhere that no layout recognizes are read in this one
 
     def architecture(self, backbone: type[DrafterBackbone]) -> str | None:
         """The architecture name this layout writes for `backbone`'s drafts; None where its engine cannot serve them."""

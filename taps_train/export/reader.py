@@ -48,10 +48,8 @@ def _recorded(directory: Path, config: dict, where: str) -> tuple[Layout, type[D
         except (OSError, ValueError, KeyError, TypeError, TapsError) as err:
             raise TapsError(f"{where}: taps_export.json does not name a known layout ({err}); re-export the drafter") from err
         return layout, backbone_class({"architectures": [architecture]}) if architecture else None
-    layout = next((layout for layout in LAYOUTS.values() if layout.recognizes(config)), None)
-    if layout is None:
-        raise TapsError(f"{where}: config.json is in no layout taps-train reads ({', '.join(LAYOUTS)})")
-    return layout, None
+    recognized = [layout for layout in LAYOUTS.values() if layout.recognizes(config)] or [layout for layout in LAYOUTS.values() if layout.fallback]
+    return recognized[0], None
 
 
 def _with_verifier_parts(config, tensors: dict[str, torch.Tensor], verifier_model: nn.Module, where: str) -> DrafterBackbone:

@@ -20,12 +20,13 @@ FOLDED_BIAS = "layers.0.self_attn.o_proj.bias"  # where a folded fc bias is kept
 class VllmLayout(Layout):
     name = "vllm"
     engine = "vLLM (method eagle/eagle3, LlamaForCausalLM)"
+    fallback = True  # plain Llama names: how other EAGLE drafts are read too
 
     def vllm_method(self, backbone: type[DrafterBackbone]) -> str | None:
         return backbone.vllm_method
 
     def recognizes(self, config: dict) -> bool:
-        return True  # any other Llama draft: vLLM's names are the plain Llama ones
+        return config.get("architectures") == ["LlamaForCausalLM"]
 
     def engine_tensors(self, tensors: dict[str, torch.Tensor], architecture: str) -> dict[str, torch.Tensor]:
         return fold_fc_bias(tensors) if "fc.bias" in tensors else tensors

@@ -31,27 +31,17 @@ from taps_train.study.plan import Cell, plan
 
 @dataclass(frozen=True)
 class Rates:
-    """Seconds a cell takes on 2 CPU cores, before this study has measured its own: per training step (4k-token
-    batches) by module, per decoded prompt (64 new tokens, with the plain-decoding baseline) by tree, and per process
-    (start-up, cache checks, a fit's final validation)."""
+    """Seconds a cell takes before this study has measured its own (prior_rates.yaml says how they were measured)."""
 
     per_step: dict[str, float]
     per_decode: dict[str, float]
     per_process: dict[str, float]
 
 
-# taps-tiny: EAGLE-2 and HASS from the cells of a full tiny_taps run (150-step fits, 60-decode evaluations, start-up
-# subtracted), EAGLE-3 from 150-step fits of configs/tiny/eagle3_*.yaml. smollm2-135m (fp32): the fits of
-# configs/study/smol_taps.yaml (2k-token batches; their start-up, validation and the first builds of the feature
-# caches folded into the step), and its evaluations on a 2-core AMD EPYC without AMX (paper tree: the mean of EAGLE-2's
-# ten cells, 8 prompts x 32 tokens without baseline; machine tree: its first three cells, calibration included).
-# Other verifiers get counts only until cells of the study have run.
-PRIOR_RATES = {
-    "taps-tiny": Rates({"Eagle2Module": 0.2, "HassModule": 1.2, "Eagle3Module": 2.7}, {"fixed": 2.0, "auto": 2.0},
-                       {"fit": 45.0, "eval": 10.0}),
-    "smollm2-135m": Rates({"Eagle2Module": 4.7, "HassModule": 6.0, "Eagle3Module": 6.5}, {"fixed": 44.0, "auto": 17.0},
-                          {"fit": 0.0, "eval": 15.0}),
-}
+def prior_rates() -> dict[str, Rates]:
+    """The measured rates shipped with taps-train, per verifier."""
+    raw = yaml.safe_load(Path(__file__).with_name("prior_rates.yaml").read_text())
+    return {verifier: Rates(**rates) for verifier, rates in raw.items()}
 
 
 def run_study(study: Study, dry_run: bool = False, console: Console | None = None) -> list[Cell]:
@@ -277,7 +267,7 @@ def _estimate(todo: list[Cell], cells: list[Cell], state: _State, study: Study) 
         prior = _prior_rate(study, cell) if units else None
         if prior is None:
             return None
-        total += prior * units + PRIOR_RATES[study.verifier].per_process[cell.kind]
+        total += prior * units + prior_rates()[study.verifier].per_process[cell.kind]
     return total
 
 
@@ -286,8 +276,8 @@ def _rate_group(cell: Cell) -> tuple[str, str]:
 
 
 def _prior_rate(study: Study, cell: Cell) -> float | None:
-    """Seconds per step or decoded prompt from PRIOR_RATES; None for other verifiers."""
-    rates = PRIOR_RATES.get(study.verifier)
+    """Seconds per step or decoded prompt from the shipped prior rates; None for other verifiers."""
+    rates = prior_rates().get(study.verifier)
     if rates is None:
         return None
     if cell.kind == "eval":
