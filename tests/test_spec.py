@@ -35,7 +35,7 @@ def verifier(random_verifier_dir):
     return AutoModelForCausalLM.from_pretrained(random_verifier_dir).eval()
 
 
-@pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(total_tokens=8, depth=2, top_k=3), TreeConfig(total_tokens=2, depth=0, top_k=1)])
+@pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(total_tokens=8, depth=2, top_k=3), TreeConfig(total_tokens=2, depth=1, top_k=1)])  # the last: a chain of one token
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_equals_plain_greedy(verifier, tree, prompt):
     drafter = random_drafter(verifier, seed=len(prompt))

@@ -293,7 +293,8 @@ def test_cli_refuses_a_study_file_in_one_line(study, tmp_path, capsys):
 def fake_report(path: Path, label: str, per_prompt: dict[str, list[tuple[int, int]]]) -> None:
     """An eval report whose benchmarks hold these (new tokens, verifier calls) per prompt."""
     from taps_train.eval.intervals import PromptCounts, tau_interval
-    from taps_train.eval.report import BenchmarkResult, EvalReport, Signals, TreeShape
+    from taps_train.eval.report import BenchmarkResult, EvalReport, Signals
+    from taps_train.decoding.tree import TreeConfig
 
     results = {}
     for name, counts in per_prompt.items():
@@ -301,7 +302,7 @@ def fake_report(path: Path, label: str, per_prompt: dict[str, list[tuple[int, in
         results[name] = BenchmarkResult(sum(new) / sum(calls), sum(calls), sum(new), len(counts), 0, 30.0, (0.6, 0.4), Signals(1.0, 2.0),
                                         None, 1.0, None, tuple(new), tuple(calls), tau_interval(PromptCounts(new, calls)))
     average = sum(r.acceptance_length for r in results.values()) / len(results)
-    report = EvalReport("v", (label,), "single", 0.0, TreeShape(60, 5, 10), results, average)
+    report = EvalReport("v", (label,), "single", 0.0, TreeConfig(60, 5, 10), results, average)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report.to_json())
 

@@ -171,12 +171,12 @@ def top_ks(bound: TreeConfig) -> list[int]:
 
 def shapes(bound: TreeConfig) -> list[TreeConfig]:
     """Every shape searched: depth 1..bound, top_k and total tokens from fixed ladders up to the bounds (each
-    bound itself included), total tokens no more than the tree can hold."""
+    bound itself included), total tokens no more than the tree can hold and enough for every level drafted."""
     totals = sorted({n for n in TOTAL_TOKENS if n <= bound.total_tokens} | {bound.total_tokens})
     found = []
     for depth in range(1, bound.depth + 1):
         for k in top_ks(bound):
-            for total in totals:
+            for total in (n for n in totals if n > depth):
                 found.append(TreeConfig(min(total, capacity(depth, k)), depth, k))
                 if total >= capacity(depth, k):
                     break

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from taps_train.errors import TapsError
+from taps_train.ranges import int_problem
 
 
 @dataclass(frozen=True)
@@ -19,19 +20,18 @@ class TreeConfig:
     root (the paper-equivalent default, depth 5, drafts 6 levels). `total_tokens` counts the root.
 
     `PLAIN` (the root alone) is plain decoding: no drafter is consulted and every round emits the verifier's own
-    token; `--tree auto` chooses it where no tree is expected to beat it."""
+    token; `--tree auto` chooses it where no tree is expected to beat it. The defaults are the paper's tree; the
+    range rule is `tree_problems`, the one every command and config that takes a tree applies."""
 
     total_tokens: int = 60
     depth: int = 5
     top_k: int = 10
 
     def __post_init__(self):
-        plain_misread = self.total_tokens == 1 and (self.depth, self.top_k) != (0, 1)
-        if self.depth < 0 or self.top_k < 1 or self.total_tokens < 1 or plain_misread:
-            raise TapsError(
-                f"tree parameters make no tree (total_tokens={self.total_tokens}, depth={self.depth}, top_k={self.top_k}); "
-                "need total_tokens >= 2, depth >= 0, top_k >= 1 (or 1, 0, 1: plain decoding)"
-            )
+        problems = tree_problems(self.total_tokens, self.depth, self.top_k)
+        if problems:
+            raise TapsError(f"tree parameters make no tree (total_tokens={self.total_tokens}, depth={self.depth}, top_k={self.top_k}): "
+                            + "; ".join(f"{name} {problem}" for name, problem in problems.items()))
 
     @property
     def levels(self) -> int:
@@ -40,6 +40,24 @@ class TreeConfig:
     @property
     def plain(self) -> bool:
         return self.total_tokens == 1
+
+
+def tree_problems(total_tokens: object, depth: object, top_k: object, plain: bool = True) -> dict[str, str]:
+    """The range rule of tree shapes, by field: total tokens hold the root and at least one draft token, the depth lies
+    in 1..total tokens - 1 (more levels than draft tokens are levels it cannot keep), top-k is at least 1; (1, 0, 1)
+    is plain decoding, where `plain` allows it. A chain of one token is (2, 1, 1): its second level is drafted but
+    never kept (a child's confidence never exceeds its parent's, and ties keep the shallower node)."""
+    if plain and (total_tokens, depth, top_k) == (1, 0, 1):
+        return {}
+    problems = {}
+    for name, value, minimum, what in (("total_tokens", total_tokens, 2, "the root and at least one draft token"),
+                                       ("depth", depth, 1, "at least 1"), ("top_k", top_k, 1, "at least 1")):
+        problem = int_problem(value, minimum, what)
+        if problem:
+            problems[name] = problem
+    if not problems and depth > total_tokens - 1:
+        problems["depth"] = f"{depth} is out of range: need 1 <= depth <= total tokens - 1 = {total_tokens - 1}"
+    return problems
 
 
 PLAIN = TreeConfig(total_tokens=1, depth=0, top_k=1)

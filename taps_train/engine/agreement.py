@@ -45,8 +45,8 @@ class ChainTrace:
 
 
 def chain_config(k: int) -> TreeConfig:
-    """taps-train's tree options for a greedy chain of k draft tokens."""
-    return TreeConfig(total_tokens=k + 1, depth=k - 1, top_k=1)
+    """taps-train's tree options for a greedy chain of k draft tokens (one token: `tree_problems` says why depth 1)."""
+    return TreeConfig(total_tokens=k + 1, depth=max(k - 1, 1), top_k=1)
 
 
 def taps_chains(verifier, drafter, prompts: list[list[int]], k: int, max_new_tokens: int, eos: list[int]) -> list[ChainTrace]:

@@ -34,9 +34,9 @@ class AcceptanceLengthCallback(Callback):
         prompts_per_benchmark: int = 4,
         max_new_tokens: int = 48,
         temperature: float = 0.0,
-        total_tokens: int = 60,
-        depth: int = 5,
-        top_k: int = 10,
+        total_tokens: int = TreeConfig.total_tokens,
+        depth: int = TreeConfig.depth,
+        top_k: int = TreeConfig.top_k,
         every_n_validations: int = 1,
     ):
         """

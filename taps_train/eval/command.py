@@ -3,7 +3,6 @@ one JSON report per temperature (design.md, "Eval report"), and a τ table on st
 
 import argparse
 import sys
-from dataclasses import astuple
 from pathlib import Path
 
 from rich.console import Console
@@ -20,15 +19,15 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
 from taps_train.eval.engine import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
-from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape, read_report, tau_cell
-from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem, tree_problems
+from taps_train.eval.report import BenchmarkResult, EvalReport, read_report, tau_cell
+from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem
 from taps_train.ranges import int_problem
 from taps_train.paths import output_file
 from taps_train.decoding.calibrate import CostModel, TreeCalibration, calibrate_tree
 from taps_train.decoding.gate import GateConfig
 from taps_train.decoding.decoder import SpeculativeDecoder
 from taps_train.decoding.strategies import STRATEGIES
-from taps_train.decoding.tree import TreeConfig
+from taps_train.decoding.tree import TreeConfig, tree_problems
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import (
     load_verifier,
@@ -61,9 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-from", default=None, metavar="REPORT",
                    help="the tree an eval report of --tree auto chose (calibrate a machine once, evaluate every variant with its tree; "
                         "any strategy)")
-    p.add_argument("--total-tokens", type=int, default=60, help="tree size including the root")
-    p.add_argument("--depth", type=int, default=5, help="EAGLE-2 depth: trees reach depth + 1 levels")
-    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--total-tokens", type=int, default=TreeConfig.total_tokens, help="tree size including the root")
+    p.add_argument("--depth", type=int, default=TreeConfig.depth, help="EAGLE-2 depth: trees reach depth + 1 levels")
+    p.add_argument("--top-k", type=int, default=TreeConfig.top_k)
     p.add_argument("--calibration-prompts", type=int, default=2,
                    help="--tree auto: prompts per benchmark it measures acceptance on (those after the evaluated ones)")
     p.add_argument("--gate", choices=["auto", "off"], default="auto",
@@ -93,12 +92,11 @@ def run_eval(args: list[str]) -> None:
             raise TapsError("--tree auto calibrates a tree; --tree-from reads one a calibration chose: pass one of them")
         explicit = [flag for flag in ("--total-tokens", "--depth", "--top-k") if any(a == flag or a.startswith(f"{flag}=") for a in args)]
         calibrated = calibrated_tree([options.tree_from], "--tree-from", explicit)
-        options.total_tokens, options.depth, options.top_k = astuple(calibrated)
-    check_options(options, plain_allowed=calibrated is not None)
+    check_options(options, calibrated)
     if options.engine == "vllm":
         write_reports(run_engine_eval(options, load_benchmarks(options)), options)
         return
-    tree = TreeConfig(options.total_tokens, options.depth, options.top_k)
+    tree = calibrated or TreeConfig(options.total_tokens, options.depth, options.top_k)
     verifier = load_verifier(options.verifier, options.device, options.verifier_dtype)
     fingerprint = verifier_fingerprint(verifier.path, verifier.tokenizer)
     if options.strategy == "average":
@@ -136,7 +134,7 @@ def run_eval(args: list[str]) -> None:
             drafters=tuple(options.drafters),
             strategy=options.strategy,
             temperature=temperature,
-            tree=TreeShape(tree.total_tokens, tree.depth, tree.top_k),
+            tree=tree,
             benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
@@ -220,9 +218,9 @@ def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.
     return calibration
 
 
-def check_options(options: argparse.Namespace, plain_allowed: bool = False) -> None:
-    """Refuse out-of-range options before the verifier or any drafter is loaded (the plain tree only when a calibration
-    chose it)."""
+def check_options(options: argparse.Namespace, calibrated: TreeConfig | None = None) -> None:
+    """Refuse out-of-range options before the verifier or any drafter is loaded (the tree options unless a calibration
+    chose the tree: its report was checked when read)."""
     def refuse(option: str, value, need: str) -> TapsError:
         return TapsError(f"{option} {value} is out of range: need {need}")
 
@@ -230,9 +228,8 @@ def check_options(options: argparse.Namespace, plain_allowed: bool = False) -> N
         "--prompts": int_problem(options.prompts, 1, "at least 1 prompt per benchmark"),
         "--max-new-tokens": int_problem(options.max_new_tokens, 1, "at least 1"),
         "--seed": int_problem(options.seed, 0, "a seed >= 0"),
-        **{f"--{field.replace('_', '-')}": problem
-           for field, problem in tree_problems(options.total_tokens, options.depth, options.top_k).items()
-           if not (plain_allowed and options.total_tokens == 1)},
+        **({} if calibrated else {f"--{field.replace('_', '-')}": problem
+                                  for field, problem in tree_problems(options.total_tokens, options.depth, options.top_k, plain=False).items()}),
         "--temperatures": temperatures_problem(options.temperatures),
         "--top-p": top_p_problem(options.top_p),
         **{"--benchmarks": problem for problem in map(benchmark_problem, options.benchmarks) if problem},
@@ -256,9 +253,9 @@ def check_options(options: argparse.Namespace, plain_allowed: bool = False) -> N
     context = getattr(config, "max_position_embeddings", None)
     if context and options.max_new_tokens >= context:
         raise refuse("--max-new-tokens", options.max_new_tokens, f"fewer than the verifier's context of {context} tokens (prompt included)")
-    vocab = getattr(config, "vocab_size", None)
-    if vocab and options.top_k > vocab:
-        raise refuse("--top-k", options.top_k, f"at most the verifier's vocabulary size {vocab}")
+    vocab, top_k = getattr(config, "vocab_size", None), (calibrated or options).top_k
+    if vocab and top_k > vocab:
+        raise refuse("--top-k", top_k, f"at most the verifier's vocabulary size {vocab}")
 
 
 def averaged_drafter(paths: list[str], weights: list[float] | None, verifier, fingerprint: dict):

@@ -21,7 +21,7 @@ from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import Prompt
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.eval.intervals import PromptCounts, PromptSpeeds, tau_interval
-from taps_train.eval.report import BenchmarkResult, EvalReport, TreeShape
+from taps_train.eval.report import BenchmarkResult, EvalReport
 from taps_train.export import export_drafter
 from taps_train.decoding.greedy_check import ReplyCheck, check_greedy_reply, not_lossless, too_many_ties
 from taps_train.verifier.generation import files_stop_token_ids
@@ -77,7 +77,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
             results[name] = benchmark_result(records, k, seconds * len(prompts) / len(flat), check)
         reports[temperature] = EvalReport(
             verifier=options.verifier, drafters=tuple(options.drafters), strategy="single", temperature=temperature,
-            tree=TreeShape(chain.total_tokens, chain.depth, chain.top_k), benchmarks=results,
+            tree=chain, benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             engine={"name": "vllm", **result["versions"], "threads": result["threads"], "method": served.method,
                     "speculative_tokens": k, "export": served.model, "served_alone": served.alone, "turns": "first",

@@ -30,15 +30,6 @@ class Signals:
 
 
 @dataclass(frozen=True)
-class TreeShape:
-    """The draft tree the report was measured with (total tokens include the root)."""
-
-    total_tokens: int
-    depth: int
-    top_k: int
-
-
-@dataclass(frozen=True)
 class BenchmarkResult:
     """One benchmark's statistics pooled over its prompts (τ = new tokens / verifier calls).
 
@@ -105,7 +96,7 @@ class EvalReport:
     drafters: tuple[str, ...]
     strategy: str
     temperature: float
-    tree: TreeShape
+    tree: TreeConfig  # the draft tree the report was measured with
     benchmarks: Mapping[str, BenchmarkResult]
     average_acceptance_length: float
     weights: tuple[float, ...] | None = None
@@ -258,9 +249,8 @@ def _eval_report(report: _Object) -> EvalReport:
         raise report.where.at("benchmarks").error("must hold at least one benchmark, got none")
     strategy = report.text("strategy")
     tree = report.object("tree")
-    shape = TreeShape(total_tokens=tree.integer("total_tokens", 1), depth=tree.integer("depth"), top_k=tree.integer("top_k", 1))
     try:
-        TreeConfig(shape.total_tokens, shape.depth, shape.top_k)
+        shape = TreeConfig(total_tokens=tree.integer("total_tokens", 1), depth=tree.integer("depth"), top_k=tree.integer("top_k", 1))
     except TapsError as err:
         raise report.where.at("tree").error(str(err)) from None
     return EvalReport(

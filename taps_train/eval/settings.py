@@ -10,24 +10,10 @@ import math
 
 from taps_train.data.recipe import load_recipe
 from taps_train.errors import TapsError
-from taps_train.ranges import int_problem
 from taps_train.eval.benchmarks import parse_benchmark
 from taps_train.eval.report import read_report
 from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.loading import check_verifier_reference
-
-
-def tree_problems(total_tokens: object, depth: object, top_k: object) -> dict[str, str]:
-    """By field: the tree options of `eval` (total tokens include the root; EAGLE-2 depth)."""
-    problems = {}
-    for field, value, minimum, what in (("total_tokens", total_tokens, 2, "the root and at least one draft token"),
-                                        ("depth", depth, 1, "at least 1"), ("top_k", top_k, 1, "at least 1")):
-        problem = int_problem(value, minimum, what)
-        if problem:
-            problems[field] = problem
-    if not problems and depth > total_tokens - 1:
-        problems["depth"] = f"{depth} is out of range: need 1 <= depth <= total tokens - 1 = {total_tokens - 1}"
-    return problems
 
 
 def temperatures_problem(values: object) -> str | None:
@@ -78,8 +64,8 @@ def calibrated_tree(reports: list[str] | None, option: str, explicit: list[str])
     if not calibrated:
         raise TapsError(f"{option} needs a report of `taps-train eval --tree auto` (none given has a tree_calibration); "
                         "run eval with --tree auto first")
-    trees = {(r.tree.total_tokens, r.tree.depth, r.tree.top_k) for r in calibrated.values()}
+    trees = {r.tree for r in calibrated.values()}
     if len(trees) > 1:
         raise TapsError(f"{option}: the calibrated reports chose different trees ({', '.join(f'{p}: {r.tree}' for p, r in calibrated.items())}); "
                         "pass one of them, or --total-tokens/--depth/--top-k")
-    return TreeConfig(*trees.pop())
+    return trees.pop()

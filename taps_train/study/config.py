@@ -12,7 +12,8 @@ from taps_train.errors import TapsError
 from taps_train.data.recipe import load_recipe
 from taps_train.fit_config import FIX, check_trainer_options, fit_config_problems
 from taps_train.paths import writable_directory
-from taps_train.eval.settings import benchmark_problem, temperatures_problem, tree_problems, verifier_problem
+from taps_train.eval.settings import benchmark_problem, temperatures_problem, verifier_problem
+from taps_train.decoding.tree import TreeConfig, tree_problems
 from taps_train.ranges import int_problem
 from taps_train.decoding.strategies import STRATEGIES
 from taps_train.study.compare import read_claims
@@ -32,11 +33,13 @@ class Domain:
 
 @dataclass
 class Tree:
-    """The fixed draft tree (`taps-train eval --total-tokens --depth --top-k`), also the bound `--tree auto` searches within."""
+    """The study file's tree (`taps-train eval --total-tokens --depth --top-k`), also the bound `--tree auto` searches
+    within: the paper's `TreeConfig` by default, read as written and checked by its rule with the study's other keys,
+    so that a study names all its problems at once."""
 
-    total_tokens: int = 60
-    depth: int = 5
-    top_k: int = 10
+    total_tokens: int = TreeConfig.total_tokens
+    depth: int = TreeConfig.depth
+    top_k: int = TreeConfig.top_k
 
 
 @dataclass
@@ -153,7 +156,8 @@ class Study:
             "prompts": int_problem(self.prompts, 1, "at least 1 prompt per benchmark"),
             "max_new_tokens": int_problem(self.max_new_tokens, 1, "at least 1"),
             "seed": int_problem(self.seed, 0, "a seed >= 0"),
-            **{f"tree.{field}": problem for field, problem in tree_problems(self.tree.total_tokens, self.tree.depth, self.tree.top_k).items()},
+            **{f"tree.{name}": problem for name, problem in tree_problems(self.tree.total_tokens, self.tree.depth, self.tree.top_k,
+                                                                          plain=False).items()},
             "temperatures": temperatures_problem(self.temperatures),
             "verifier": verifier_problem(self.verifier),
         }
