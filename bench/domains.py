@@ -13,8 +13,8 @@ import torch
 from taps_train.data.recipe import load_recipe, select
 from taps_train.data.sources import has_code
 from taps_train.verifier.loading import load_verifier
-from taps_train.verifier.pretrain import mean_loss
-from taps_train.verifier.tiny import TinyVerifierSpec, _blocks, _sharegpt_split
+from taps_train.verifier.offline.pretrain import mean_loss
+from taps_train.verifier.offline.tiny import TinyVerifierSpec, _blocks, _sharegpt_split
 
 RECIPES = ["data_recipes/tiny_math.yaml", "data_recipes/tiny_prose.yaml", "data_recipes/tiny_code.yaml", "data_recipes/tiny_chat.yaml"]
 

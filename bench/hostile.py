@@ -1164,7 +1164,7 @@ def build_verifier(path: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from taps_train.data.corpora import gsm_symbolic_conversations
-    from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
+    from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 
     texts = [m["content"] for c in gsm_symbolic_conversations(60, seed=7) for m in c.messages]
     tokenizer = train_chat_tokenizer(texts, vocab_size=400)

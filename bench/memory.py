@@ -38,7 +38,7 @@ from taps_train.data.feature_cache import CacheSettings, FeatureCache, verifier_
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import load_recipe
 from taps_train.training import HassModule
-from taps_train.verifier.standin import LLAMA3_VOCAB, MANIFEST, build_standin
+from taps_train.verifier.offline.standin import LLAMA3_VOCAB, MANIFEST, build_standin
 
 PROMPT = 8  # leading tokens of each synthetic row outside the loss, as a prompt would be
 MB, GB = 1e6, 1e9

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from taps_train.errors import TapsError
 from taps_train.paths import checked_home
-from taps_train.verifier.tiny import TinyVerifierSpec
+from taps_train.verifier.loading import DEFAULT_VERIFIER
+from taps_train.verifier.offline.tiny import TinyVerifierSpec
 
 LIGHTNING_COMMANDS = {
     "fit": "train a drafter (LightningCLI: --config configs/<name>.yaml)",
@@ -230,7 +231,7 @@ def run_cache_command(args: list[str]) -> None:
         "across nodes the cache dir must be on a filesystem all nodes share.",
     )
     parser.add_argument("--recipe", required=True, help="a data recipe YAML (see data_recipes/)")
-    parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, smollm2-135m, a .gguf file, a local model directory, or a hub id")
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file, a local model directory, or a hub id")
     parser.add_argument("--cache-dir", default=None, help="cache root (default $TAPS_HOME/features)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"], help="stored feature dtype (fp8 keeps a per-token scale)")
     from taps_train.verifier.placement import add_placement_arguments
@@ -462,7 +463,7 @@ def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = Fa
         spec: what determines the weights (seed, sizes, steps); each spec has its own cache entry.
         force: rebuild even if an intact build exists.
     """
-    from taps_train.verifier.tiny import build_tiny_verifier, check_build
+    from taps_train.verifier.offline.tiny import build_tiny_verifier, check_build
 
     path = build_tiny_verifier(spec, force=force)
     manifest = check_build(path)
@@ -470,7 +471,7 @@ def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = Fa
     print(f"{path}\n  held-out loss: gsm_symbolic {loss['gsm_symbolic']:.3f}, sharegpt {loss['sharegpt']:.3f} nats/token")
 
 
-def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: int = 128, device: str = "auto", verifier_dtype: str = "auto") -> None:
+def verifier_generate(prompt: str, verifier: str = DEFAULT_VERIFIER, max_new_tokens: int = 128, device: str = "auto", verifier_dtype: str = "auto") -> None:
     """Print the verifier's greedy reply to one user message (formatted with its chat template).
 
     Args:
@@ -491,7 +492,7 @@ def verifier_generate(prompt: str, verifier: str = "taps-tiny", max_new_tokens: 
     print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
 
 
-def verifier_info(verifier: str = "taps-tiny") -> None:
+def verifier_info(verifier: str = DEFAULT_VERIFIER) -> None:
     """Print where a verifier lives, its size, and the build manifest of a directory taps-train built
     (the tiny verifier, a converted GGUF model).
 
@@ -500,7 +501,8 @@ def verifier_info(verifier: str = "taps-tiny") -> None:
     """
     from pathlib import Path
 
-    from taps_train.verifier import gguf, tiny
+    from taps_train.verifier import gguf
+    from taps_train.verifier.offline import tiny
     from taps_train.verifier.loading import load_verifier
 
     loaded = load_verifier(verifier)
@@ -529,7 +531,7 @@ def verifier_convert(source: str, dtype: str = "float32") -> None:
 def run_verifier_command(args: list[str]) -> None:
     from jsonargparse import CLI
 
-    from taps_train.verifier.standin import build_standin
+    from taps_train.verifier.offline.standin import build_standin
 
     CLI(
         {"build": verifier_build, "convert": verifier_convert, "generate": verifier_generate, "info": verifier_info,

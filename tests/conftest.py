@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from taps_train.data.corpora import gsm_symbolic_conversations
-from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 
 # Unit tests use tiny models whose ops are too small to gain from threads; one thread also keeps
 # timings stable when the machine is shared.
@@ -60,7 +60,7 @@ def other_verifier_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_verifier_dir() -> Path:
     """The real offline tiny verifier under $TAPS_HOME (builds it on first use, ~8 min on 2 cores)."""
-    from taps_train.verifier.tiny import ensure_tiny_verifier
+    from taps_train.verifier.offline.tiny import ensure_tiny_verifier
 
     return ensure_tiny_verifier()
 
@@ -72,7 +72,7 @@ STANDIN_SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2}
 def standin(tmp_path_factory) -> Path:
     """A small Llama-3-shaped stand-in verifier: 128,256-token vocabulary, GQA, untied head, sharded
     bf16 safetensors with embedding and head in different shards; 2 layers of hidden 64 (seconds)."""
-    from taps_train.verifier.standin import build_standin
+    from taps_train.verifier.offline.standin import build_standin
 
     return build_standin(tmp_path_factory.mktemp("standin") / "model", **STANDIN_SMALL)
 

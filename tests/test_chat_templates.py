@@ -17,7 +17,7 @@ from taps_train.data.chat_format import assistant_spans, end_of_turn_suffix, end
 from taps_train.data.conversation import Conversation
 from taps_train.errors import TapsError
 from taps_train.verifier.generation import greedy_reply, stop_token_ids
-from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import EOS, EOT, train_chat_tokenizer
 from tests.test_chat_format import masked_runs
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -21,7 +21,7 @@ from taps_train.errors import TapsError
 from taps_train.verifier import gguf as gguf_verifier
 from taps_train.verifier.gguf import MANIFEST, ensure_gguf_verifier
 from taps_train.verifier.loading import load_verifier, resolve_verifier_path
-from taps_train.verifier.tokenizer import train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import train_chat_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="GGUF verifiers need the gguf package (pip install gguf)")
 

@@ -25,7 +25,7 @@ from taps_train.study.plan import Cell
 from taps_train.study.run import _State
 from taps_train.user_yaml import MAX_ALIASES, read_yaml
 from taps_train.verifier.loading import read_config, resolve_verifier_path
-from taps_train.verifier.standin import build_standin
+from taps_train.verifier.offline.standin import build_standin
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "

@@ -27,7 +27,7 @@ import taps_train.verifier.loading as loading_module
 import taps_train.verifier.parts as parts_module
 from taps_train.errors import TapsError
 from taps_train.verifier.parts import INDEX, read_verifier_parts
-from taps_train.verifier.standin import build_standin
+from taps_train.verifier.offline.standin import build_standin
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

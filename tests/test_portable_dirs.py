@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from taps_train.verifier import standin, tiny
+from taps_train.verifier.offline import standin, tiny
 from taps_train.verifier.portable import legacy_rope_keys, portable_config, save_portable
 from tests.test_tiny_build import MICRO
 

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from taps_train.data.feature_cache import FeatureCache
 from taps_train.data.recipe import load_recipe
-from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "data_recipes").glob("*.yaml"))

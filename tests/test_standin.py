@@ -9,8 +9,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from taps_train.errors import TapsError
-from taps_train.verifier.standin import LLAMA3_VOCAB, MANIFEST, build_standin
-from taps_train.verifier.tokenizer import BOS, EOT, PAD
+from taps_train.verifier.offline.standin import LLAMA3_VOCAB, MANIFEST, build_standin
+from taps_train.verifier.offline.tokenizer import BOS, EOT, PAD
 from tests.conftest import STANDIN_SMALL
 
 

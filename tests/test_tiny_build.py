@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from taps_train.errors import TapsError
-from taps_train.verifier import tiny
-from taps_train.verifier.pretrain import PretrainSchedule, pretrain
-from taps_train.verifier.tiny import (
+from taps_train.verifier.offline import tiny
+from taps_train.verifier.offline.pretrain import PretrainSchedule, pretrain
+from taps_train.verifier.offline.tiny import (
     MANIFEST,
     TinyVerifierSpec,
     build_tiny_verifier,

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.verifier import TINY_VERIFIER, load_verifier
 from taps_train.verifier.generation import greedy_reply
-from taps_train.verifier.tiny import TinyVerifierSpec, check_build
+from taps_train.verifier.offline.tiny import TinyVerifierSpec, check_build
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 from transformers import AutoTokenizer
 
-from taps_train.verifier.tokenizer import BOS, EOT, SPECIAL_TOKENS
+from taps_train.verifier.offline.tokenizer import BOS, EOT, SPECIAL_TOKENS
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

@@ -30,7 +30,7 @@ from taps_train.decoding.decoder import SpeculativeDecoder, Strategy, single
 from taps_train.decoding.draft import DrafterState
 from taps_train.decoding.tree import DraftTree, TreeConfig, pack, select_nodes
 from taps_train.decoding.verify import VerifierSession, layer_windows
-from taps_train.verifier.tokenizer import EOT, train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 from tests.test_eval import FIXTURES
 from tests.test_spec import greedy_reference, random_drafter
 

@@ -31,6 +31,7 @@ from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
 from taps_train.ranges import int_problem, require
 from taps_train.verifier.placement import resolve_placement
+from taps_train.verifier.loading import DEFAULT_VERIFIER
 
 
 class CachedSamples(Dataset):
@@ -76,7 +77,7 @@ class DrafterDataModule(LightningDataModule):
     def __init__(
         self,
         recipe: str,
-        verifier: str = "taps-tiny",
+        verifier: str = DEFAULT_VERIFIER,
         cache_dir: str | None = None,
         feature_dtype: str = "bfloat16",
         verifier_device: str = "auto",

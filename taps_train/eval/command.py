@@ -30,6 +30,7 @@ from taps_train.decoding.strategies import STRATEGIES
 from taps_train.decoding.tree import TreeConfig, tree_problems
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import (
+    DEFAULT_VERIFIER,
     load_verifier,
     read_config,
     resolve_verifier_path,
@@ -43,7 +44,7 @@ OFFLINE_BENCHMARKS = ["math_heldout", "arith_offline", "chat_heldout"]
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="taps-train eval", description="Measure acceptance length (τ) of drafters on benchmarks; write JSON reports.")
     p.add_argument("--drafters", nargs="+", required=True, help="drafter checkpoints written by `taps-train fit`")
-    p.add_argument("--verifier", default="taps-tiny", help="taps-tiny, smollm2-135m, a .gguf file, a local HF model directory, or a hub id")
+    p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file, a local HF model directory, or a hub id")
     add_placement_arguments(p)
     p.add_argument("--strategy", default="single", choices=sorted([*STRATEGIES, "average"]),
                    help="single drafter, or how several are combined (average: in weight space; others: per round)")

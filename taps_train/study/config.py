@@ -18,6 +18,7 @@ from taps_train.ranges import int_problem
 from taps_train.decoding.strategies import STRATEGIES
 from taps_train.study.compare import read_claims
 from taps_train.user_yaml import read_yaml
+from taps_train.verifier.loading import DEFAULT_VERIFIER
 
 
 TREES = ("fixed", "auto")  # `taps-train eval --tree`
@@ -60,7 +61,7 @@ class Study:
     name: str
     domains: dict[str, Domain]
     backbones: dict[str, str]
-    verifier: str = "taps-tiny"
+    verifier: str = DEFAULT_VERIFIER
     mixtures: dict[str, str] = field(default_factory=dict)
     max_steps: int | None = 500
     strategies: list[str] = field(default_factory=lambda: ["average", "route-entropy", "route-confidence", "merge", "merge-budget"])

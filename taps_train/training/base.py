@@ -23,7 +23,7 @@ from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.progress import step_progress_bar
 from taps_train.verifier.fingerprint import verifier_fingerprint
-from taps_train.verifier.loading import LoadedVerifier, load_verifier, read_verifier_files
+from taps_train.verifier.loading import DEFAULT_VERIFIER, LoadedVerifier, load_verifier, read_verifier_files
 from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -54,7 +54,7 @@ class DrafterModule(LightningModule, ABC):
 
     def __init__(
         self,
-        verifier: str = "taps-tiny",
+        verifier: str = DEFAULT_VERIFIER,
         lr: float = 3e-5,
         betas: tuple[float, float] = (0.9, 0.95),
         weight_decay: float = 0.0,

@@ -18,6 +18,7 @@ from taps_train.drafter.eagle3 import TTT_STEPS, check_draft_vocab_size, check_f
 from taps_train.drafter.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
+from taps_train.verifier.loading import DEFAULT_VERIFIER
 
 
 class Eagle3Module(DrafterModule):
@@ -30,7 +31,7 @@ class Eagle3Module(DrafterModule):
 
     def __init__(
         self,
-        verifier: str = "taps-tiny",
+        verifier: str = DEFAULT_VERIFIER,
         draft_vocab_size: int | float = 32000,
         feature_layers: tuple[int, ...] | None = None,
         ttt_steps: int = TTT_STEPS,

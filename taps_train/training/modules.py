@@ -20,6 +20,7 @@ from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.base import DrafterModule
 from taps_train.training.losses import feature_loss, vocab_losses
+from taps_train.verifier.loading import DEFAULT_VERIFIER
 
 NOISE_SCALINGS = ("constant", "length")
 ALIGN_REDUCTIONS = ("mean", "sum")
@@ -38,7 +39,7 @@ class Eagle2Module(DrafterModule):
 
     def __init__(
         self,
-        verifier: str = "taps-tiny",
+        verifier: str = DEFAULT_VERIFIER,
         fc_bias: bool = False,
         feature_weight: float = 1.0,
         prob_weight: float = 0.1,

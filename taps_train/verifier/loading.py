@@ -25,7 +25,8 @@ from taps_train.errors import TapsError, first_line
 from taps_train.verifier.gguf import PACKAGED, ensure_gguf_verifier, gguf_file, is_gguf_source
 from taps_train.verifier.placement import COMPUTE_DTYPES, Placement, resolve_placement
 
-TINY_VERIFIER = "taps-tiny"
+TINY_VERIFIER = "taps-tiny"  # built on first use (verifier/offline/tiny.py)
+DEFAULT_VERIFIER = TINY_VERIFIER  # what every command, module and config takes when no verifier is named: the offline one
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 DTYPES = COMPUTE_DTYPES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -50,7 +51,7 @@ def resolve_verifier_path(name_or_path: str, trust_remote_code: bool = False) ->
     Hub ids are covered by passing `trust_remote_code` explicitly to every `from_pretrained`."""
     check_verifier_reference(name_or_path, trust_remote_code)
     if name_or_path == TINY_VERIFIER:
-        from taps_train.verifier.tiny import ensure_tiny_verifier
+        from taps_train.verifier.offline.tiny import ensure_tiny_verifier
 
         return str(ensure_tiny_verifier())
     if is_gguf_source(name_or_path):

@@ -27,7 +27,7 @@ from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.errors import TapsError
 from taps_train.files import atomic_directory, recover_directory
 from taps_train.verifier.portable import save_portable
-from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
+from taps_train.verifier.offline.tokenizer import EOS, EOT, train_chat_tokenizer
 
 STANDIN_FORMAT = 2  # 2: config and tokenizer files readable by transformers 4.x too
 MANIFEST = "standin.json"

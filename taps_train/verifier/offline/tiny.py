@@ -42,8 +42,8 @@ from taps_train.home import taps_home
 from taps_train.verifier.builds import check_files, write_manifest
 from taps_train.verifier.generation import greedy_reply
 from taps_train.verifier.portable import save_portable
-from taps_train.verifier.pretrain import PretrainSchedule, mean_loss, pretrain
-from taps_train.verifier.tokenizer import EOS, EOT, train_chat_tokenizer
+from taps_train.verifier.offline.pretrain import PretrainSchedule, mean_loss, pretrain
+from taps_train.verifier.offline.tokenizer import EOS, EOT, train_chat_tokenizer
 
 BUILD_FORMAT = 2  # 2: config and tokenizer files readable by transformers 4.x too
 MANIFEST = "taps_build.json"
