@@ -27,7 +27,7 @@ from taps_train.engine.agreement import Agreement, compare, taps_chains, vllm_ch
 from taps_train.engine.controls import CONTROLS, caught
 from taps_train.engine.serve import VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.eval.benchmarks import load_benchmark
-from taps_train.eval.vllm_served import worker_speeds
+from taps_train.commands.eval_vllm import worker_speeds
 from taps_train.eval.evaluate import first_turn_ids
 from taps_train.export import export_drafter
 from taps_train.verifier.fingerprint import verifier_fingerprint

@@ -25,7 +25,7 @@ COMMANDS = {
     "validate": Command("taps_train.commands.lightning", "run the validation loop of a drafter config/checkpoint"),
     "test": Command("taps_train.commands.lightning", "run the test loop of a drafter config/checkpoint"),
     "cache": Command("taps_train.commands.cache", "build a recipe's verifier feature cache (--dry-run: estimate tokens, disk and build time first)"),
-    "eval": Command("taps_train.eval.command", "measure acceptance length of drafters on benchmarks; write JSON reports"),
+    "eval": Command("taps_train.commands.eval", "measure acceptance length of drafters on benchmarks; write JSON reports"),
     "consolidate": Command("taps_train.commands.consolidate", "merge a DeepSpeed checkpoint directory into one drafter-only checkpoint file"),
     "average": Command("taps_train.commands.average", "average drafter checkpoints in weight space into a new checkpoint"),
     "export": Command("taps_train.commands.export", "write drafters as EAGLE draft-model directories for SGLang / vLLM (several: a composition bundle)"),

@@ -26,7 +26,7 @@ from taps_train.data.distributed import (
 from taps_train.data.feature_cache import CacheSettings, FeatureCache
 from taps_train.data.prepare import GENERATION_ENGINES, PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
-from taps_train.drafter.features import LAST, FeatureContract
+from taps_train.features import LAST, FeatureContract
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
 from taps_train.ranges import int_problem, require

@@ -20,7 +20,7 @@ that long plus one batch of verifier work, and the next build of the shard, on a
 continues from them. The manifest is written once, when every shard exists. Two builds of one
 directory take turns (`RecipePreparer.build` locks it), so the second finds the shards done.
 
-What is stored is the drafter backbone's feature contract (taps_train/drafter/features.py): for
+What is stored is the drafter backbone's feature contract (taps_train/features.py): for
 EAGLE-1/2 and HASS the verifier's post-norm last hidden state alone, so the verifier's LM head applies
 to it directly. The contract is part of the fingerprint.
 """
@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from taps_train import files
 from taps_train.data.batching import split_by_length
 from taps_train.data.chat_format import TokenizedSample
-from taps_train.drafter.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
+from taps_train.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
 from taps_train.errors import TapsError
 from taps_train.hashing import file_sha256
 

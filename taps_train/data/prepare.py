@@ -34,10 +34,10 @@ from taps_train.data.feature_cache import (
 )
 from taps_train.files import exclusive
 from taps_train.data.recipe import Recipe, SelectedSource, select
-from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract, check_layers
+from taps_train.features import EAGLE_FEATURES, FeatureContract, check_layers
 from taps_train.errors import TapsError
 from taps_train.home import taps_home
-from taps_train.engine.generation import ENGINE_PYTHON_VARIABLE, EngineUnavailable, VllmGenerator, find_engine_python
+from taps_train.data.vllm_generation import ENGINE_PYTHON_VARIABLE, EngineUnavailable, VllmGenerator, find_engine_python
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import files_stop_token_ids
 from taps_train.verifier.loading import (

@@ -8,7 +8,7 @@ its own seed so the result does not depend on where it was interrupted. Two proc
 into one file take turns (a lock beside it): the second finds the replies done.
 
 The replies come from a `ReplyGenerator`: transformers' batched `generate` on the loaded verifier, or a serving
-engine (taps_train/engine/generation.py: vLLM), started only when something is left to regenerate.
+engine (taps_train/data/vllm_generation.py: vLLM), started only when something is left to regenerate.
 """
 
 import json

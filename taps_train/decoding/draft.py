@@ -3,7 +3,7 @@
 import torch
 
 from taps_train.drafter import DrafterBackbone, KVCache
-from taps_train.drafter.features import FEATURES
+from taps_train.features import FEATURES
 from taps_train.decoding.verify import HiddenStates
 from taps_train.decoding.tree import DraftTree, TreeConfig, best_nodes
 

@@ -3,7 +3,7 @@ EAGLE-3 drafter, and `build_drafter`, which makes any registered one from its co
 
 from taps_train.drafter.backbone import BACKBONES, DrafterBackbone, backbone_class, build_drafter
 from taps_train.drafter.config import drafter_config
-from taps_train.drafter.features import FeatureContract
+from taps_train.features import FeatureContract
 from taps_train.drafter.eagle3 import Eagle3Drafter
 from taps_train.drafter.model import Drafter, KVCache
 

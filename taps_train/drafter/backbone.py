@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 
-from taps_train.drafter.features import FeatureContract
+from taps_train.features import FeatureContract
 from taps_train.errors import TapsError
 
 

@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
 from taps_train.drafter.config import drafter_config
-from taps_train.drafter.features import FeatureContract, check_layers
+from taps_train.features import FeatureContract, check_layers
 from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, verifier_sized
 from taps_train.errors import TapsError
 

@@ -25,7 +25,7 @@ from transformers.models.llama.modeling_llama import (
 
 from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
 from taps_train.drafter.config import drafter_config
-from taps_train.drafter.features import EAGLE_FEATURES, FeatureContract
+from taps_train.features import EAGLE_FEATURES, FeatureContract
 from taps_train.errors import TapsError
 
 

@@ -145,6 +145,11 @@ def speedup_cell(result: dict) -> str:
     return f"{result['speedup']:.2f}×" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
 
 
+def report_path(path: Path, temperature: float, count: int) -> Path:
+    """Where `taps-train eval --output path` writes the report of one of `count` temperatures."""
+    return path if count == 1 else path.with_name(f"{path.stem}_T{temperature:g}{path.suffix}")
+
+
 def read_report(path: str | Path) -> EvalReport:
     """Read and check one report file: every field the contract names, with its type and range."""
     path = Path(path)

@@ -6,9 +6,9 @@ length and RoPE, plus what its backbone adds), `model.safetensors` (the trained 
 `taps_export.json` (the layout and backbone it was written in, provenance, τ table). What each layout changes is in
 its own module (`sglang.py`, `vllm.py`, `speculators.py`).
 
-The layouts were checked offline against an independent reader written from each key layout (tests/test_export.py,
-tests/test_export_eagle3.py); vLLM (CPU build) serves the `vllm` and `speculators` layouts with the drafts and
-acceptance taps-train computes (tests/test_engine_vllm.py, bench/engine.py); SGLang was not available here.
+The layouts were checked offline against an independent reader written from each key layout (tests/export/test_export.py,
+tests/export/test_export_eagle3.py); vLLM (CPU build) serves the `vllm` and `speculators` layouts with the drafts and
+acceptance taps-train computes (tests/engine/test_engine_vllm.py, bench/engine.py); SGLang was not available here.
 """
 
 import json

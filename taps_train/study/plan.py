@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from taps_train.eval.command import report_path
+from taps_train.eval.report import report_path
 from taps_train.fit_config import FIX
 from taps_train.study.config import Study
 from taps_train.user_yaml import read_yaml

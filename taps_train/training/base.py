@@ -18,7 +18,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
-from taps_train.drafter.features import FEATURES
+from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.progress import step_progress_bar

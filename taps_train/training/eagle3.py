@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
 from taps_train.drafter.eagle3 import TTT_STEPS, check_draft_vocab_size, check_feature_layers
-from taps_train.drafter.features import FEATURES
+from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
 from taps_train.verifier.loading import DEFAULT_VERIFIER

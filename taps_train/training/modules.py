@@ -15,7 +15,7 @@ import torch
 from transformers import PretrainedConfig
 
 from taps_train.drafter import Drafter, DrafterBackbone, build_drafter
-from taps_train.drafter.features import FEATURES
+from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.base import DrafterModule

@@ -1,0 +1,110 @@
+"""bench/learning_curves.py end to end on the random verifier: two training-set sizes x two checkpoints, each point
+a record with its trained tokens, a resumed call that redoes nothing, and a report with its fit and figures."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import write_source
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "benchmarks"
+spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "bench" / "learning_curves.py")
+curves_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(curves_module)
+
+pytestmark = pytest.mark.usefixtures("taps_home")
+
+
+@pytest.fixture
+def config(random_verifier_dir, tmp_path) -> Path:
+    source = write_source(tmp_path / "data.jsonl", 30, seed=2)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "curve", "max_length": 96, "sources": [{"source": "jsonl", "args": {"path": str(source)},
+                                                                                      "heldout": 4, "count": 24}]}))
+    fit = yaml.safe_load((ROOT / "configs" / "tiny" / "eagle2_math.yaml").read_text())
+    fit["trainer"]["callbacks"] = fit["trainer"]["callbacks"][1:]  # no τ callback: the benchmarks are the tiny verifier's
+    fit["trainer"]["limit_val_batches"] = 1
+    fit["data"]["init_args"].update(batch_size=4, max_tokens_per_batch=384, val_samples_per_source=2)
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(fit))
+    path = tmp_path / "curves.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "test_curve", "fit_config": str(tmp_path / "fit.yaml"), "recipe": str(recipe), "verifier": str(random_verifier_dir),
+        "samples": [24, 8], "steps": [2, 4], "out": str(tmp_path / "out"),
+        "evaluations": {"fixed": {"args": ["--benchmarks", f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}", "--prompts", 2, "--max-new-tokens", 6,
+                                           "--total-tokens", 4, "--depth", 2, "--top-k", 2]},
+                        "fixed_last": {"args": ["--benchmarks", f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}", "--prompts", 2, "--max-new-tokens", 6,
+                                                "--total-tokens", 4, "--depth", 2, "--top-k", 2, "--no-baseline"], "at": [4]}},
+    }))
+    return path
+
+
+def run(config: Path, *extra: str, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["learning_curves.py", "--config", str(config), *extra])
+    curves_module.main()
+
+
+@pytest.mark.integration  # ~1 min: 2 fits and 6 evaluations, each a taps-train process
+def test_every_point_is_a_record_and_a_rerun_redoes_nothing(config, tmp_path, monkeypatch):
+    run(config, monkeypatch=monkeypatch)
+    records = sorted((tmp_path / "out" / "records").glob("*.json"))
+    assert [p.name for p in records] == sorted(["n24_step2_fixed.json", "n24_step4_fixed.json", "n24_step4_fixed_last.json",
+                                                "n8_step2_fixed.json", "n8_step4_fixed.json", "n8_step4_fixed_last.json"])
+    bodies = {p.name: json.loads(p.read_text()) for p in records}
+    for samples in (24, 8):
+        assert 0 < bodies[f"n{samples}_step2_fixed.json"]["trained_tokens"] < bodies[f"n{samples}_step4_fixed.json"]["trained_tokens"]
+    assert bodies["n24_step4_fixed.json"]["report"]["benchmarks"]["gsm8k"]["acceptance_length"] >= 1
+    assert "speedup" not in bodies["n24_step4_fixed_last.json"]["report"]["benchmarks"]["gsm8k"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| 24 | 4 |" in report and "| 8 | 2 |" in report and "predicts τ" in report
+    assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0 and (tmp_path / "out" / "fixed_tau_vs_samples.png").exists()
+
+    stamps = {p: p.stat().st_mtime_ns for p in records}
+    monkeypatch.setattr(curves_module.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a} again"))
+    run(config, monkeypatch=monkeypatch)
+    assert {p: p.stat().st_mtime_ns for p in records} == stamps
+    run(config, "--report-only", monkeypatch=monkeypatch)
+    assert (tmp_path / "out" / "report.md").read_text() == report  # the report is a function of the records
+
+
+@pytest.mark.integration
+def test_a_run_killed_after_its_first_checkpoint_resumes_from_it(config, tmp_path, monkeypatch):
+    curves = curves_module.Curves.read(str(config))
+    curves_module.train(curves, 8)
+    run_dir = curves.run_dir(8)
+    (run_dir / "step=4.ckpt").unlink()  # as if killed between the two checkpoints: last.ckpt is the first one
+    (run_dir / "last.ckpt").write_bytes((run_dir / "step=2.ckpt").read_bytes())
+    calls = []
+    real_run = curves_module.subprocess.run
+    monkeypatch.setattr(curves_module.subprocess, "run", lambda command, **k: calls.append(command) or real_run(command, **k))
+    curves_module.train(curves, 8)
+    assert calls and calls[0][-2:] == ["--ckpt_path", str(run_dir / "last.ckpt")]
+    assert (run_dir / "step=4.ckpt").exists()
+    assert curves_module.trained_tokens(run_dir / "step=4.ckpt") > curves_module.trained_tokens(run_dir / "step=2.ckpt")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"samples": [8, 8]}, "samples must be distinct"),
+    ({"steps": [4, 2]}, "steps must be increasing"),
+    ({"samples": [100]}, "fewer than 100"),
+    ({"colour": "red"}, "unexpected keyword argument 'colour'"),
+])
+def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
+    raw = yaml.safe_load(config.read_text())
+    raw.update(change)
+    config.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit, match=message):
+        run(config, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "curves").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_curve_configs_name_real_configs_and_fit_their_recipes(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    curves = curves_module.Curves.read(str(path))
+    assert Path(curves.fit_config).is_file()
+    [source] = yaml.safe_load(Path(curves.recipe).read_text())["sources"]
+    assert max(curves.samples) <= source["count"] and "regenerate" in source  # the verifier's own replies, at every size
