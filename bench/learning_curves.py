@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from taps_train import files
 from taps_train.errors import TapsError
 from taps_train.home import taps_home
 from taps_train.user_yaml import read_yaml
@@ -145,12 +146,9 @@ def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, en
         subprocess.run(command, check=True)
         [written] = Path(scratch).glob("report*.json")
         report = json.loads(written.read_text())
-    record.parent.mkdir(parents=True, exist_ok=True)
     body = {"samples": samples, "step": step, "trained_tokens": trained_tokens(checkpoint), "evaluation": evaluation.name,
             "eval_args": evaluation.args, "report": report}
-    partial = record.with_suffix(".partial")
-    partial.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
-    os.replace(partial, record)
+    files.write_text(record, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
 # --- report ----------------------------------------------------------------------------------------------------------
@@ -257,19 +255,6 @@ def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: l
 
     plot("samples", "trained_tokens", curves.samples, lambda n: f"N = {n:,}", "trained tokens", "trained tokens", "tokens")
     plot("step", "samples", curves.steps, lambda n: f"step {n:,}", "distinct training samples N", "distinct samples", "samples")
-
-    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
-    for axis, b in zip(axes[0], benchmarks):
-        for step in curves.steps:
-            points = sorted((r for r in rows if r["step"] == step and b in r["report"]["benchmarks"]), key=lambda r: r["samples"])
-            if points:
-                errorbar(axis, [r["samples"] for r in points], [r["report"]["benchmarks"][b] for r in points], f"step {step:,}")
-        axis.set(xscale="log", xlabel="distinct training samples N", ylabel="τ (T=0)", title=b)
-        axis.legend()
-    figure.suptitle(f"{curves.name}, {evaluation.name}: τ against distinct samples")
-    figure.tight_layout()
-    figure.savefig(out / f"{evaluation.name}_tau_vs_samples.png", dpi=110)
-    plt.close(figure)
 
 
 def main() -> None:

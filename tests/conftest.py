@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from taps_train.cli import main
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 
@@ -88,3 +89,17 @@ def write_source(path: Path, n: int, seed: int) -> Path:
         records.append({"id": f"{seed}-{i}", "messages": messages})
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+# Hostile-input tests (tests/*/test_hostile_*.py): a YAML alias bomb, and what every refusal must be.
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err

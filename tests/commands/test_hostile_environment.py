@@ -1,27 +1,15 @@
-"""Hostile input, the environment, where results go, hand-edited YAML and report text: each class of failure a hostile user found (issue 24), fixed at its root, one case or two
-per class here (bench/hostile.py throws many more)."""
+"""Hostile input to every command: a bad $TAPS_HOME, outputs where results cannot go, YAML alias bombs, duplicate keys
+and dates, report cells that try to be markdown. Each class of failure a hostile user found (issue 24) is fixed at its
+root; one case or two per class here, bench/hostile.py throws many more."""
 
 
 import pytest
 
-from taps_train.cli import main
 from taps_train.errors import TapsError
 from taps_train.eval.plots import markdown_cell
 from taps_train.paths import output_file, writable_directory
 from taps_train.user_yaml import MAX_ALIASES, read_yaml
-
-
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+from tests.conftest import BOMB, one_line_error
 
 
 @pytest.mark.parametrize("home", ["file", "/proc/taps-home", "/dev/null/taps"])

@@ -1,5 +1,4 @@
-"""Hostile input, damaged study folders and records: each class of failure a hostile user found (issue 24), fixed at its root, one case or two
-per class here (bench/hostile.py throws many more)."""
+"""Hostile study folders: damaged outputs, records replaced by directories, records of older versions."""
 
 import json
 import os

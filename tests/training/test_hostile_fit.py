@@ -1,5 +1,5 @@
-"""Hostile input, fit configs and their options, wrong-backbone checkpoints: each class of failure a hostile user found (issue 24), fixed at its root, one case or two
-per class here (bench/hostile.py throws many more)."""
+"""Hostile fit configs: wrong shapes, alias bombs, class paths that are no module, trainer, datamodule and module
+options out of range, a draft vocabulary larger than the verifier's, a checkpoint of another backbone."""
 
 import math
 from pathlib import Path
@@ -8,24 +8,11 @@ import pytest
 import torch
 import yaml
 
-from taps_train.cli import main
 from taps_train.data.datamodule import DrafterDataModule
 from taps_train.drafter.eagle3 import draft_vocab_tokens
 from taps_train.errors import TapsError
 from taps_train.fit_config import check_trainer_options, fit_config_problems
-
-
-BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+from tests.conftest import BOMB, one_line_error
 
 
 @pytest.mark.parametrize("config, problem", [

@@ -1,24 +1,16 @@
-"""Hostile input, verifier directories, chat templates, prompts and stand-ins: each class of failure a hostile user found (issue 24), fixed at its root, one case or two
-per class here (bench/hostile.py throws many more)."""
+"""Hostile verifiers and prompts: a non-causal architecture, a sharded index leaving its directory, chat templates that
+fail, prompts with lone surrogates, a stand-in too large for this machine."""
 
 import json
 
 import pytest
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from taps_train.cli import main
 from taps_train.data.chat_format import render_chat
 from taps_train.errors import TapsError
 from taps_train.verifier.loading import read_config, resolve_verifier_path
 from taps_train.verifier.offline.standin import build_standin
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
+from tests.conftest import one_line_error
 
 
 def test_a_non_causal_architecture_is_refused(tmp_path):
