@@ -1,9 +1,9 @@
 """The `taps-train` command: one table of commands, each a module of `taps_train.commands` (or its package's own
 command module) with a `run(args)`.
 
-`fit`, `validate` and `test` are Lightning's own CLI (configs map one-to-one to constructor arguments), `study` a
-config file read by jsonargparse, the others options read by argparse or typed functions (jsonargparse). Errors the
-user can fix (`TapsError`) print as one line, never as a traceback.
+Config files are read as LightningCLI reads them (jsonargparse: `fit`, `validate` and `test` are Lightning's own CLI,
+`study` a config of its own; configs map one-to-one to constructor arguments); every other command takes options
+read by argparse. Errors the user can fix (`TapsError`) print as one line, never as a traceback.
 """
 
 import importlib

@@ -1,5 +1,10 @@
 """`taps-train verifier`: build the offline tiny verifier or the Llama-3-shaped stand-in, convert GGUF models, inspect and sample any verifier."""
 
+import argparse
+import inspect
+from dataclasses import fields
+from pathlib import Path
+
 from taps_train.errors import TapsError
 from taps_train.verifier.loading import DEFAULT_VERIFIER
 from taps_train.verifier.offline.tiny import TinyVerifierSpec
@@ -82,15 +87,49 @@ def verifier_convert(source: str, dtype: str = "float32") -> None:
     print(ensure_gguf_verifier(source, dtype))
 
 
-def run(args: list[str]) -> None:
-    from jsonargparse import CLI
-
+def parser() -> argparse.ArgumentParser:
+    """One subcommand per function above; options named as their parameters (`--max_new_tokens`), each function's
+    docstring its help."""
     from taps_train.verifier.offline.standin import build_standin
 
-    CLI(
-        {"build": verifier_build, "convert": verifier_convert, "generate": verifier_generate, "info": verifier_info,
-         "standin": build_standin},
-        args=args,
-        prog="taps-train verifier",
-        description=SUMMARY,
-    )
+    def add(name: str, function) -> argparse.ArgumentParser:
+        doc = inspect.getdoc(function) or ""
+        return commands.add_parser(name, help=doc.splitlines()[0], description=doc.split("\n\n")[0])
+
+    main = argparse.ArgumentParser(prog="taps-train verifier", description=SUMMARY)
+    commands = main.add_subparsers(dest="action", required=True)
+    build = add("build", verifier_build)
+    for field in fields(TinyVerifierSpec):
+        build.add_argument(f"--spec.{field.name}", dest=f"spec.{field.name}", type=field.type, default=field.default,
+                           help=f"the build's {field.name.replace('_', ' ')} (default {field.default})")
+    build.add_argument("--force", action="store_true", help="rebuild even if an intact build exists")
+    convert = add("convert", verifier_convert)
+    convert.add_argument("source", help="smollm2-135m or the path of a .gguf file")
+    convert.add_argument("--dtype", default="float32", help="storage dtype: float32 (exact), bfloat16 or float16 (half the disk)")
+    generate = add("generate", verifier_generate)
+    generate.add_argument("prompt", help="the user message")
+    generate.add_argument("--verifier", default=DEFAULT_VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file, a local model directory, or a hub id")
+    generate.add_argument("--max_new_tokens", type=int, default=128, help="reply length limit")
+    generate.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, or auto-shard")
+    generate.add_argument("--verifier_dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32")
+    info = add("info", verifier_info)
+    info.add_argument("--verifier", default=DEFAULT_VERIFIER, help="taps-tiny, smollm2-135m, a .gguf file, a local model directory, or a hub id")
+    standin = add("standin", build_standin)
+    standin.add_argument("out", type=Path, help="directory to create (absent, empty, or a stand-in built with the same settings)")
+    for name, default, what in (("layers", 8, "decoder layers"), ("hidden", 1024, "hidden size"), ("heads", 8, "query heads"),
+                                ("kv_heads", 2, "key/value heads (GQA)"), ("seed", 0, "seed of the random weights")):
+        standin.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default})")
+    standin.add_argument("--dtype", default="bfloat16", help="storage dtype: bfloat16 or float32")
+    return main
+
+
+def run(args: list[str]) -> None:
+    from taps_train.verifier.offline.standin import build_standin
+
+    options = vars(parser().parse_args(args))
+    action = options.pop("action")
+    if action == "build":
+        spec = TinyVerifierSpec(**{key.removeprefix("spec."): options.pop(key) for key in list(options) if key.startswith("spec.")})
+        verifier_build(spec, **options)
+    else:
+        {"convert": verifier_convert, "generate": verifier_generate, "info": verifier_info, "standin": build_standin}[action](**options)
