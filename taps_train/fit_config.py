@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from taps_train.errors import TapsError
+from taps_train.paths import writable_directory
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.user_yaml import read_yaml
 
@@ -76,6 +77,25 @@ def check_trainer_options(trainer) -> None:
         value = trainer.get(key)
         if value is not None:
             require(f"trainer.{key}", float_problem(value, 0.0, what="a batch count or a fraction"))
+
+
+def check_output_directories(trainer) -> None:
+    """Every folder the run will write, checked before it starts: the trainer's root, its loggers' folders and its
+    callbacks' (checkpoint) folders, each named by its config key (a callback writing under /proc would otherwise fail
+    at its first save, after training began)."""
+    def parts(value) -> list:
+        return value if isinstance(value, list) else [value]
+
+    places = {"trainer.default_root_dir": trainer.get("default_root_dir")}
+    for key in ("logger", "callbacks"):
+        for i, item in enumerate(parts(trainer.get(key))):
+            init_args = item.get("init_args") if hasattr(item, "get") else None
+            if init_args is not None and hasattr(init_args, "get"):
+                places[f"trainer.{key}[{i}].init_args.save_dir"] = init_args.get("save_dir")
+                places[f"trainer.{key}[{i}].init_args.dirpath"] = init_args.get("dirpath")
+    for label, folder in places.items():
+        if isinstance(folder, str | Path) and "://" not in str(folder):
+            writable_directory(folder, label, "pass a writable folder")
 
 
 def check_fit_config_file(path: str | Path, what: str = "fit config") -> dict:

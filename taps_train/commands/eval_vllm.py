@@ -11,6 +11,7 @@ the chat template on vLLM's side).
 """
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +40,10 @@ def check_engine_options(options: argparse.Namespace) -> None:
         raise TapsError("--engine vllm drafts greedy chains of --speculative-tokens tokens; --tree auto and --tree-from choose taps-train's trees")
     if options.speculative_tokens < 1:
         raise TapsError(f"--speculative-tokens {options.speculative_tokens} is out of range: need at least 1")
+    cores = len(os.sched_getaffinity(0))
+    if options.engine_threads is not None and not 1 <= options.engine_threads <= cores:
+        raise TapsError(f"--engine-threads {options.engine_threads} is out of range: need 1 to {cores} (the cores this process may use), "
+                        "or leave it out for all of them")
     if options.verifier_dtype not in VLLM_DTYPES:
         raise TapsError(f"--verifier-dtype {options.verifier_dtype}: vLLM takes one of {sorted(VLLM_DTYPES)}")
     if options.device not in ("auto", "cpu", "cuda"):

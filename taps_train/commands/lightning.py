@@ -25,7 +25,7 @@ def run(args: list[str] | None, command: str) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
-    from taps_train.fit_config import check_fit_config_file, check_trainer_options
+    from taps_train.fit_config import check_fit_config_file, check_output_directories, check_trainer_options
 
     class TapsCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
@@ -41,6 +41,7 @@ def run(args: list[str] | None, command: str) -> None:
             subcommand = self.config.get("subcommand")
             if subcommand:
                 check_trainer_options(self.config[subcommand].get("trainer") or {})
+                check_output_directories(self.config[subcommand].get("trainer") or {})
                 check_ckpt_path(self.config[subcommand].get("ckpt_path"), self.config[subcommand].get("model"))
 
     for path in config_files(args if args is not None else sys.argv[1:]):

@@ -41,12 +41,14 @@ def verifier_generate(prompt: str, verifier: str = DEFAULT_VERIFIER, max_new_tok
         verifier_dtype: compute dtype: auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32.
     """
     from taps_train.data.chat_format import check_text
-    from taps_train.verifier.loading import load_verifier
-    from taps_train.verifier.generation import greedy_reply
+    from taps_train.verifier.loading import load_verifier, read_verifier_files
+    from taps_train.verifier.generation import greedy_reply, prompt_ids
 
     if max_new_tokens < 1:
         raise TapsError(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
     check_text(prompt, "the prompt")
+    files = read_verifier_files(verifier)
+    prompt_ids(files.tokenizer, files.config, prompt, max_new_tokens)  # before the weights load
     loaded = load_verifier(verifier, device, verifier_dtype)
     print(greedy_reply(loaded.model, loaded.tokenizer, prompt, max_new_tokens))
 

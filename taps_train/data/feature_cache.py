@@ -47,6 +47,7 @@ from taps_train.data.chat_format import TokenizedSample
 from taps_train.features import EAGLE_FEATURES, FEATURES, TARGETS, FeatureContract
 from taps_train.errors import TapsError
 from taps_train.hashing import file_sha256
+from taps_train.units import size
 
 FORMAT = 1
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
@@ -578,6 +579,6 @@ def _check_disk(directory: Path, needed: int) -> None:
     free = shutil.disk_usage(directory).free
     if needed > free:
         raise TapsError(
-            f"feature cache at {directory} needs ~{needed / 1e9:.2f} GB but only {free / 1e9:.2f} GB are free; "
+            f"feature cache at {directory} needs ~{size(needed)} but only {size(free)} are free; "
             "free space, choose another cache_dir, or use fp8 / online mode"
         )

@@ -22,6 +22,9 @@ _CLOSER_OF = {"[": "]", "{": "}"}
 _DECODER = json.JSONDecoder()
 
 
+UNDECODABLE = ("invalid JSON line", "JSON nested too deeply", "invalid JSON array element")  # records that never became objects
+
+
 @dataclass
 class ReadReport:
     """What happened while reading one file: records decoded and problems by reason."""
@@ -33,7 +36,9 @@ class ReadReport:
     excluded: Counter = field(default_factory=Counter)  # good records a source's selection leaves out, by reason
 
     def summary(self) -> str:
-        parts = [f"{self.records} records read from {self.path}"]
+        """Every record of the file counted, those that could not be decoded too, so that the parts add up."""
+        undecodable = sum(count for reason, count in self.problems.items() if reason in UNDECODABLE)
+        parts = [f"{self.records + undecodable} records read from {self.path}"]
         if self.truncated_tail_chars:
             parts.append(f"truncated tail of {self.truncated_tail_chars} chars skipped")
         parts += [f"{count} skipped: {reason}" for reason, count in sorted(self.problems.items())]

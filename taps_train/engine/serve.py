@@ -8,6 +8,7 @@ failure names.
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
@@ -113,11 +114,18 @@ def run_worker(python: str, request: VllmRequest, label: str, log_dir: str | Pat
                 log.write(line)
         returncode = process.wait()
     if returncode != 0 or not result_path.exists():
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-        raise TapsError(f"vLLM worker for {label} failed (exit {returncode}); its log is {log_path}. Last lines:\n{tail}")
+        raise TapsError(f"vLLM failed for {label} (exit {returncode}): {_last_error(log_path)}; vLLM cannot serve this verifier or draft "
+                        f"as asked (its log: {log_path}). Evaluate it with taps-train's own engine (--engine taps)")
     result = json.loads(result_path.read_text())
     result["log"] = str(log_path)
     return result
+
+
+def _last_error(log_path: Path) -> str:
+    """The last line of a worker's log that names an exception (vLLM's `[rank0]: RuntimeError: ...`), or its last line."""
+    lines = [line.strip().removeprefix("[rank0]:").strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", line)]
+    return (errors or lines or ["no output"])[-1][:400]
 
 
 def load_problems(result: dict) -> list[str]:

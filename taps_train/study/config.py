@@ -5,6 +5,7 @@ every mixture recipe, each drafter evaluated alone, every strategy over the spec
 weight averaging, all at every temperature on the domains' held-out benchmarks.
 """
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +132,12 @@ class Study:
             problems.append(f"lambdas: a λ sweep interpolates two specialists; this study has {len(self.domains)} domains")
         if any(not (isinstance(value, int | float) and 0 <= value <= 1) for value in self.lambdas):
             problems.append(f"lambdas: every λ lies in [0, 1], got {self.lambdas}")
+        for key, values in (("strategies", self.strategies), ("lambdas", self.lambdas), ("temperatures", self.temperatures),
+                            ("baseline", self.baseline), *((f"domains.{n}.benchmarks", d.benchmarks) for n, d in self.domains.items())):
+            values = list(values)
+            repeated = list(dict.fromkeys(repr(values[values.index(v)]) for i, v in enumerate(values) if isinstance(v, Hashable) and v in values[:i]))
+            if repeated:
+                problems.append(f"{key}: {', '.join(repeated)} given more than once (each is run once); name each once")
         if self.report_dir is not None:
             try:
                 writable_directory(self.report_dir, "report_dir", "pass a folder to write the report into")

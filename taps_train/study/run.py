@@ -301,4 +301,14 @@ def _plan_text(study: Study, cells: list[Cell], todo: list[Cell], state: _State)
     lines += [f"    {'todo' if c in todo else 'done'}  {_describe(c)}"
               + (" (checkpoint not kept: its evaluations are done)" if c not in todo and c.kind == "fit" and not c.outputs[0].exists() else "")
               for c in cells]
+    for cell in damaged_fits(cells, todo, state):
+        lines.append(f"  warning: {cell.outputs[0]} is no longer what fit {cell.label} ({cell.backbone}) wrote (size or SHA-256 changed since): "
+                     f"the evaluations that read it stand, but the drafter on disk is damaged; to train it again, delete "
+                     f"{state.path(cell)} and rerun the study")
     return "\n".join(lines)
+
+
+def damaged_fits(cells: list[Cell], todo: list[Cell], state: _State) -> list[Cell]:
+    """Finished fits whose checkpoint is on disk but not what they wrote (one not kept is no damage: a study resumed
+    from its records alone)."""
+    return [cell for cell in cells if cell.kind == "fit" and cell not in todo and cell.outputs[0].exists() and not state.finished(cell)]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from taps_train.errors import TapsError
 from taps_train.data.chat_format import end_of_turn_token, render_chat, vocabulary_id
 
 if TYPE_CHECKING:
@@ -40,10 +41,20 @@ def files_stop_token_ids(files: "VerifierFiles") -> list[int]:
     return stop_token_ids_of(files.config, generation_config, files.tokenizer)
 
 
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, config: PretrainedConfig, prompt: str, max_new_tokens: int) -> torch.Tensor:
+    """One user message in the verifier's chat template, as ids [1, n]; refused in one line when it and the reply
+    cannot fit the verifier's context (a whole user text would otherwise prefill for minutes, then fail)."""
+    ids = tokenizer(render_chat(tokenizer, [{"role": "user", "content": prompt}]), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    context = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if context and ids.shape[1] + max_new_tokens > context:
+        raise TapsError(f"the prompt is {ids.shape[1]:,} tokens with its chat template and the reply may take {max_new_tokens:,} more, past "
+                        f"the verifier's context of {context:,} tokens; shorten the prompt or ask for fewer new tokens")
+    return ids
+
+
 def greedy_reply(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, max_new_tokens: int) -> str:
     """The model's greedy answer to one user message, formatted with its chat template, up to its stop token."""
-    text = render_chat(tokenizer, [{"role": "user", "content": prompt}])
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
+    ids = prompt_ids(tokenizer, model.config, prompt, max_new_tokens).to(model.device)
     stop = stop_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stop or [None])[0]
     with torch.no_grad():

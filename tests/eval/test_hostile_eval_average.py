@@ -108,6 +108,9 @@ EVAL_CASES = {
     "weights-wrong-count": (["--strategy", "average", "--weights", "1"], "--weights"),
     "weights-without-average": (["--strategy", "route-confidence", "--weights", "0.5", "0.5"], "--weights"),
     "tree-auto-composed": (["--strategy", "route-confidence", "--tree", "auto"], "--tree auto"),
+    "engine-threads-0": (["--engine", "vllm", "--engine-threads", "0"], "--engine-threads"),  # issue 36: reached vLLM
+    "engine-threads-negative": (["--engine", "vllm", "--engine-threads", "-1"], "--engine-threads"),
+    "speculative-tokens-0": (["--engine", "vllm", "--speculative-tokens", "0"], "--speculative-tokens"),
     "calibration-prompts-0": (["--tree", "auto", "--calibration-prompts", "0"], "--calibration-prompts"),
 }
 

@@ -242,6 +242,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(study, capsys):
     ({"max_steps": 0}, r"max_steps: 0 is out of range: need at least 1 step"),
     ({"temperatures": []}, r"temperatures: \[\]: need one temperature or more"),
     ({"temperatures": [float("nan")]}, "temperatures: nan out of range"),
+    ({"temperatures": [0.0, 0]}, r"temperatures: 0.0 given more than once \(each is run once\)"),  # issue 36: said nothing
+    ({"lambdas": [0.5, 0.5]}, r"lambdas: 0.5 given more than once"),
+    ({"strategies": ["merge", "route-confidence", "merge"]}, r"strategies: 'merge' given more than once"),
     ({"tree": Tree(total_tokens=0)}, "tree.total_tokens: 0 is out of range"),
     ({"tree": Tree(depth=-1)}, "tree.depth: -1 is out of range"),
     ({"seed": -1}, "seed: -1 is out of range"),

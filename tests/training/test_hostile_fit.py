@@ -1,6 +1,7 @@
 """Hostile fit configs: wrong shapes, alias bombs, class paths that are no module, trainer, datamodule and module
 options out of range, a draft vocabulary larger than the verifier's, a checkpoint of another backbone."""
 
+import json
 import math
 from pathlib import Path
 
@@ -102,3 +103,17 @@ def test_a_checkpoint_of_another_backbone_is_refused_before_loading(random_verif
         Eagle2Module(verifier=str(random_verifier_dir)).on_load_checkpoint(
             {"taps": {"drafter_config": hass.drafter.config.to_dict(), "verifier": hass.verifier_fingerprint}})
 
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_training(random_verifier_dir, tmp_path, capsys, taps_home):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: t\nseed: 0\nmax_length: 64\nsources:\n  - source: gsm_symbolic\n    args: {size: 10, seed: 3}\n    heldout: 1\n    count: 4\n")
+    config = {"trainer": {"accelerator": "cpu", "max_steps": 1, "logger": False, "default_root_dir": str(tmp_path / "run"),
+                          "callbacks": [{"class_path": "taps_train.training.checkpointing.LastCheckpoint",
+                                         "init_args": {"dirpath": "/proc/taps-checkpoints", "save_last": True}}]},
+              "model": {"class_path": "taps_train.training.Eagle2Module", "init_args": {"verifier": str(random_verifier_dir)}},
+              "data": {"class_path": "taps_train.data.datamodule.DrafterDataModule", "init_args": {"recipe": str(recipe), "batch_size": 2}}}
+    path = tmp_path / "fit.yaml"
+    path.write_text(json.dumps(config))
+    err = one_line_error(capsys, ["fit", "--config", str(path)])
+    assert "trainer.callbacks[0].init_args.dirpath /proc/taps-checkpoints is not a writable directory" in err
+    assert not (tmp_path / "run").exists()
