@@ -7,6 +7,7 @@ later run reads. Temporaries name their writer (`.<name>.<host>.<pid>.tmp`, stag
 only this host's can be told (a shared filesystem may hold another machine's work in progress).
 """
 
+import errno
 import fcntl
 import os
 import re
@@ -17,6 +18,9 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from taps_train.errors import TapsError
+from taps_train.units import size
 
 
 def _owner() -> str:
@@ -32,21 +36,68 @@ def temporary_path(path: Path) -> Path:
 
 
 @contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
+def atomic_file(path: Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `path` to write to; it replaces `path` when the block ends without error and is
-    removed otherwise (after a kill, by the next `remove_dead_leftovers` of its directory)."""
+    removed otherwise (after a kill, by the next `remove_dead_leftovers` of its directory). A write that fills the disk
+    ends in `DiskFull`, whatever the writing library raised; `needed`, where the writer knows it, is the file's size."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
     try:
         yield tmp
         os.replace(tmp, path)
+    except Exception as err:
+        full = disk_full(err, tmp, needed, path)
+        if full is None:
+            raise
+        raise full from err
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(text)
+    data = text.encode()
+    with atomic_file(path, len(data)) as tmp:
+        tmp.write_bytes(data)
+
+
+def save_torch(path: Path, content: object) -> None:
+    """`torch.save` through `atomic_file`, into an open file: the archive inside is then named `archive`, not after
+    the temporary file, so equal content gives equal bytes whatever process wrote it."""
+    import torch
+
+    with atomic_file(path) as tmp, tmp.open("wb") as handle:
+        torch.save(content, handle)
+
+
+# --- a full disk -----------------------------------------------------------------------------------------------------
+
+FULL = 64 * 1024  # free bytes below which a failed write is taken for a full disk, whatever the library said
+
+
+class DiskFull(TapsError):
+    """A write that ran out of space: one line naming the file, what it needs and what is free."""
+
+
+def disk_full(err: BaseException, partial: Path, needed: int | None, target: Path) -> DiskFull | None:
+    """`err` as a `DiskFull` when the disk under `partial` (a file or a staging directory) filled (errno 28 or 122, a
+    library's message of it, or no room left at all: torch.save reports a full disk as a bare position mismatch); None
+    for any other failure."""
+    said = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err) or "os error 28" in str(err)
+    try:
+        free = shutil.disk_usage(partial.parent).free
+        written = sum(f.stat().st_size for f in partial.rglob("*") if f.is_file()) if partial.is_dir() else partial.stat().st_size
+    except OSError:
+        written = 0
+        try:
+            free = shutil.disk_usage(partial.parent).free
+        except OSError:
+            return None
+    if not said and free >= FULL:
+        return None
+    room = free + written  # once the partial file is removed
+    what = f"needs {size(needed)}" if needed else f"needs more than the {size(written)} written when the disk filled"
+    return DiskFull(f"no space left for {target}: it {what} and its device has {size(room)} free; free space there, or choose another "
+                    "place for it (files under $TAPS_HOME: set TAPS_HOME). Nothing half-written was kept; rerun to write it")
 
 
 # --- dead writers ----------------------------------------------------------------------------------------------------
@@ -118,6 +169,11 @@ def atomic_directory(target: Path) -> Iterator[Path]:
         yield staging
         staging.chmod(0o755)
         _replace_directory(staging, target)
+    except Exception as err:
+        full = disk_full(err, staging, None, target)
+        if full is None:
+            raise
+        raise full from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

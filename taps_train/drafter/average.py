@@ -78,6 +78,5 @@ def check_output(paths: list[str | Path], output: str | Path, option: str = "--o
 def write_average(paths: list[str | Path], weights: list[float] | None, output: str | Path) -> Path:
     output = check_output(paths, output)
     checkpoint = average_checkpoints(paths, weights)
-    with files.atomic_file(output) as tmp:
-        torch.save(checkpoint, tmp)
+    files.save_torch(output, checkpoint)
     return output

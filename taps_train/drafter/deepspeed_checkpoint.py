@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from taps_train import files
 from taps_train.errors import TapsError, first_line
 from taps_train.paths import output_file
 
@@ -61,10 +62,7 @@ def consolidate(directory: str | Path, output: str | Path | None = None) -> Path
         raise TapsError(f"{directory} is the filesystem root, not a `<name>.ckpt` DeepSpeed checkpoint directory; pass the checkpoint directory")
     output = output_file(output or directory.resolve().with_name(f"{directory.resolve().name.removesuffix('.ckpt')}.drafter.ckpt"), "--output")
     checkpoint = read_deepspeed_checkpoint(directory)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    torch.save(checkpoint, tmp)
-    tmp.replace(output)
+    files.save_torch(output, checkpoint)
     return output
 
 

@@ -95,8 +95,7 @@ def pretrain(
 
 
 def _save_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
-    with files.atomic_file(path) as tmp:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+    files.save_torch(path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
 
 
 @torch.no_grad()
