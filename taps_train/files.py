@@ -178,6 +178,14 @@ def atomic_directory(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def replace(new: Path, target: Path) -> None:
+    """Put the finished file or directory `new` in `target`'s place (a directory: the old one moved aside first)."""
+    if new.is_dir():
+        _replace_directory(new, target)
+    else:
+        os.replace(new, target)
+
+
 def _replace_directory(new: Path, target: Path) -> None:
     if not target.exists():
         new.rename(target)

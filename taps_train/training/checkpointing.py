@@ -5,17 +5,24 @@ in `logs/`). Lightning creates the loggers' folders before a checkpoint callback
 "exists and is not empty" check fires on every fresh run; `RunCheckpoint` warns only when the directory
 already holds checkpoints that this run may overwrite or mix with.
 
+Both write every checkpoint under a temporary name and rename it into place (`files`): a kill or a full disk during a
+save leaves the previous checkpoint of that name, never a truncated one that `--ckpt_path`, eval or a study would take.
+
 `LastCheckpoint` also makes `last.ckpt` end as the weights training ended with. Lightning refreshes its
 `save_last` copy only when the callback saves another checkpoint: with `every_n_train_steps: 2000` and a
 20-epoch budget, `last.ckpt` would hold the last multiple of 2,000 steps, not the trained drafter that
 `eval`, `export`, HASS stage 2's `init_from` and `taps-train study` read.
 """
 
-from pathlib import PurePosixPath
+import shutil
+from pathlib import Path, PurePosixPath
+from weakref import proxy
 
 from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from taps_train import files
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -29,6 +36,29 @@ class RunCheckpoint(ModelCheckpoint):
             shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
             rank_zero_warn(f"Checkpoint directory {dirpath} already holds {len(found)} checkpoint(s) ({shown}); "
                            "this run saves beside them and replaces those of the same name")
+
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:  # replaces Lightning's, which writes in place
+        target = Path(filepath)
+        if trainer.is_global_zero:
+            files.remove_dead_leftovers(list(target.parent.glob(f".{target.name}.*.tmp")), target.name)
+        staged = Path(trainer.strategy.broadcast(str(files.temporary_path(target))))  # one name for every rank (DeepSpeed writes a folder)
+        try:
+            trainer.save_checkpoint(str(staged), self.save_weights_only)
+        except Exception as err:
+            full = files.disk_full(err, staged, None, target)
+            shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
+            if full is None:
+                raise
+            raise full from err
+        if trainer.is_global_zero:
+            files.replace(staged, target)
+        trainer.strategy.barrier("RunCheckpoint._save_checkpoint")
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
 
 class LastCheckpoint(RunCheckpoint):
