@@ -59,15 +59,15 @@ class VllmRequest:
 
 def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: bool = False) -> ServedDraft:
     """How vLLM serves a taps-train export directory: the method its layout gives its backbone (`taps_export.json`)."""
-    from taps_train.drafter import backbone_class
     from taps_train.export import LAYOUTS
+    from taps_train.export.reader import exported_backbone
 
     export_dir = Path(export_dir)
     try:
         provenance = json.loads((export_dir / "taps_export.json").read_text())
-        layout, backbone = LAYOUTS[provenance["format"]], backbone_class({"architectures": [provenance["drafter_architecture"]]})
-    except (OSError, ValueError, KeyError, TypeError, TapsError) as err:
-        raise TapsError(f"{export_dir} is not a taps-train export of this version (taps_export.json unreadable: {err}); "
+        layout, backbone = exported_backbone(export_dir)
+    except (OSError, ValueError, TapsError) as err:
+        raise TapsError(f"{export_dir} is not a taps-train export (taps_export.json or config.json unreadable: {err}); "
                         "write one with `taps-train export CKPT --out DIR --format vllm`") from err
     method = layout.vllm_method(backbone)
     if method is None:

@@ -28,12 +28,28 @@ def load_exported(directory: str | Path, verifier_model: nn.Module) -> DrafterBa
     layout, backbone = _recorded(directory, config, where)
     verifier_config = verifier_model.config.get_text_config(decoder=True)
     config, tensors = layout.read(config, tensors, verifier_config.num_hidden_layers, where)
-    if backbone is None:
-        backbone = next((cls for cls in BACKBONES.values() if cls.reads(config)), None)
-        if backbone is None:
-            raise TapsError(f"{where}: config.json is no drafter taps-train reads (known backbones: {', '.join(sorted(BACKBONES))})")
+    backbone = backbone or backbone_reading(config, where)
     drafter_config, tensors = backbone.from_serving(config, tensors, verifier_model.config, where, layout.layer_offset)
     return _with_verifier_parts(drafter_config, tensors, verifier_model, where).eval()
+
+
+def exported_backbone(directory: Path) -> tuple[Layout, type[DrafterBackbone]]:
+    """The layout and backbone of an export directory, without reading its weights."""
+    where = f"export {directory}"
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise TapsError(f"{where} has no readable config.json: {err}") from err
+    layout, backbone = _recorded(directory, config, where)
+    return layout, backbone or backbone_reading(config, where)  # exports written before they recorded their backbone
+
+
+def backbone_reading(config: dict, where: str) -> type[DrafterBackbone]:
+    """The backbone whose serving config this is (drafts without taps_export.json, or exports that predate its `drafter_architecture`)."""
+    backbone = next((cls for cls in BACKBONES.values() if cls.reads(config)), None)
+    if backbone is None:
+        raise TapsError(f"{where}: config.json is no drafter taps-train reads (known backbones: {', '.join(sorted(BACKBONES))})")
+    return backbone
 
 
 def _recorded(directory: Path, config: dict, where: str) -> tuple[Layout, type[DrafterBackbone] | None]:

@@ -32,6 +32,9 @@ def test_served_draft_by_layout_and_backbone(verifier, fingerprint, tmp_path):
         served_draft(tmp_path / "e2_vllm", 3, alone=True)
     with pytest.raises(TapsError, match="is not a taps-train export"):
         served_draft(tmp_path, 3)
+    provenance = tmp_path / "e2_vllm" / "taps_export.json"  # an export written before exports recorded their backbone
+    provenance.write_text(json.dumps({k: v for k, v in json.loads(provenance.read_text()).items() if k != "drafter_architecture"}))
+    assert served_draft(tmp_path / "e2_vllm", 2).method == "eagle"
 
 
 def test_missing_vllm_is_one_line_with_the_install_command(tmp_path):
