@@ -43,13 +43,9 @@ def atomic_file(path: Path, needed: int | None = None) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
-    except Exception as err:
-        full = disk_full(err, tmp, needed, path)
-        if full is None:
-            raise
-        raise full from err
+        with full_disk_reported(tmp, path, needed):
+            yield tmp
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -78,7 +74,20 @@ class DiskFull(TapsError):
     """A write that ran out of space: one line naming the file, what it needs and what is free."""
 
 
-def disk_full(err: BaseException, partial: Path, needed: int | None, target: Path) -> DiskFull | None:
+@contextmanager
+def full_disk_reported(partial: Path, target: Path, needed: int | None = None) -> Iterator[None]:
+    """Whatever the block raises because the disk under `partial` (what is being written for `target`) filled, as
+    `DiskFull`; anything else as it was."""
+    try:
+        yield
+    except Exception as err:
+        full = _disk_full(err, partial, needed, target)
+        if full is None:
+            raise
+        raise full from err
+
+
+def _disk_full(err: BaseException, partial: Path, needed: int | None, target: Path) -> DiskFull | None:
     """`err` as a `DiskFull` when the disk under `partial` (a file or a staging directory) filled (errno 28 or 122, a
     library's message of it, or no room left at all: torch.save reports a full disk as a bare position mismatch); None
     for any other failure."""
@@ -166,14 +175,10 @@ def atomic_directory(target: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{_owner()}.", suffix=".partial", dir=target.parent))
     try:
-        yield staging
-        staging.chmod(0o755)
-        _replace_directory(staging, target)
-    except Exception as err:
-        full = disk_full(err, staging, None, target)
-        if full is None:
-            raise
-        raise full from err
+        with full_disk_reported(staging, target):
+            yield staging
+            staging.chmod(0o755)
+            _replace_directory(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -44,13 +44,11 @@ class RunCheckpoint(ModelCheckpoint):
             files.remove_dead_leftovers(list(target.parent.glob(f".{target.name}.*.tmp")), target.name)
         staged = Path(trainer.strategy.broadcast(str(files.temporary_path(target))))  # one name for every rank (DeepSpeed writes a folder)
         try:
-            trainer.save_checkpoint(str(staged), self.save_weights_only)
-        except Exception as err:
-            full = files.disk_full(err, staged, None, target)
+            with files.full_disk_reported(staged, target):
+                trainer.save_checkpoint(str(staged), self.save_weights_only)
+        except Exception:
             shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
-            if full is None:
-                raise
-            raise full from err
+            raise
         if trainer.is_global_zero:
             files.replace(staged, target)
         trainer.strategy.barrier("RunCheckpoint._save_checkpoint")
