@@ -6,12 +6,16 @@ Config files are read as LightningCLI reads them (jsonargparse: `fit`, `validate
 read by argparse. Errors the user can fix (`TapsError`) print as one line, never as a traceback.
 """
 
+import errno
 import importlib
+import re
+import resource
 import sys
 from dataclasses import dataclass
 
 from taps_train.errors import TapsError
 from taps_train.paths import checked_home
+from taps_train.units import size
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         checked_home()
+        checked_memory_limit()
         module = importlib.import_module(command.module)
         if command.module == LIGHTNING:
             # LightningCLI reads sys.argv itself; pass args only when called from Python.
@@ -68,5 +73,38 @@ def main(argv: list[str] | None = None) -> None:
         else:
             module.run(args[1:])
     except TapsError as err:
-        print(f"taps-train: error: {err}", file=sys.stderr)
+        print(f"taps-train: error: {out_of_memory(err.__cause__, args[0]) or err}", file=sys.stderr)
         sys.exit(1)
+    except (MemoryError, RuntimeError, OSError) as err:
+        short = out_of_memory(err, args[0])
+        if short is None:
+            raise
+        print(f"taps-train: error: {short}", file=sys.stderr)
+        sys.exit(1)
+
+
+MIN_ADDRESS_SPACE = 1 << 30  # below ~0.7 GB, importing PyTorch itself fails (OpenBLAS aborts, libraries fail to map)
+
+
+def checked_memory_limit() -> None:
+    """Refuse a process limit too small to load PyTorch at all, where the failure would be an abort, not an error."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY and limit < MIN_ADDRESS_SPACE:
+        raise TapsError(f"this process may use {size(limit)} of memory (ulimit -v) and taps-train needs at least {size(MIN_ADDRESS_SPACE)} "
+                        "to load PyTorch; raise the limit")
+
+
+def out_of_memory(err: BaseException | None, command: str) -> str | None:
+    """A process that ran out of memory (Python's MemoryError, torch's allocator, a library that could not be mapped)
+    as one line: how much was asked for where it says, the process's limit where it has one; None for other errors."""
+    if err is None:
+        return None
+    text = str(err)
+    if not (isinstance(err, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text
+            or getattr(err, "errno", None) == errno.ENOMEM):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return (f"out of memory in `taps-train {command}`" + (f": it asked for {size(int(asked[1]))} more" if asked else "")
+            + (f" within this process's limit of {size(limit)} (ulimit -v)" if limit != resource.RLIM_INFINITY else "")
+            + "; free memory, raise the limit, or lower the batch or model size. Nothing half-written was kept")

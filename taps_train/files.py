@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from taps_train.errors import TapsError
+from taps_train.errors import TapsError, first_line
 from taps_train.units import size
 
 
@@ -105,8 +105,9 @@ def _disk_full(err: BaseException, partial: Path, needed: int | None, target: Pa
         return None
     room = free + written  # once the partial file is removed
     what = f"needs {size(needed)}" if needed else f"needs more than the {size(written)} written when the disk filled"
-    return DiskFull(f"no space left for {target}: it {what} and its device has {size(room)} free; free space there, or choose another "
-                    "place for it (files under $TAPS_HOME: set TAPS_HOME). Nothing half-written was kept; rerun to write it")
+    reason = f" ({first_line(err)})" if said else ""
+    return DiskFull(f"no space left for {target}{reason}: it {what} and its device has {size(room)} free; free space there, or choose "
+                    "another place for it (files under $TAPS_HOME: set TAPS_HOME). Nothing half-written was kept; rerun to write it")
 
 
 # --- dead writers ----------------------------------------------------------------------------------------------------
