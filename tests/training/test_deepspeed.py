@@ -41,7 +41,8 @@ def _config(root: Path, verifier: Path, recipe: Path, stage: int, precision: str
     callbacks = [
         # 3 prompts over 2 ranks: the ranks decode different numbers of prompts (no collective may hide in decoding).
         {"class_path": "taps_train.eval.callback.AcceptanceLengthCallback", "init_args": TAU},
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        # the shipped configs' callback: each checkpoint directory written under a temporary name, renamed by rank 0
+        {"class_path": "taps_train.training.checkpointing.LastCheckpoint",
          "init_args": {"dirpath": str(root), "save_last": True, "every_n_train_steps": SAVE_EVERY, "save_top_k": -1}},
     ]
     if kill:
