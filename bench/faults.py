@@ -242,7 +242,9 @@ def fault_disk(job: Job, base: Path, env: dict, reference: str, fractions: list[
         try:
             done = taps(job.argv(work), env)
             lines = done.stderr.strip().splitlines()
-            one_line = done.returncode == 1 and lines and lines[-1].startswith("taps-train: error: no space left for") and "Traceback" not in done.stderr
+            # mid-write ("no space left for <file>: it needs ...") or refused up front from an estimate (the feature cache)
+            one_line = (done.returncode == 1 and lines and "Traceback" not in done.stderr and lines[-1].startswith("taps-train: error: ")
+                        and ("no space left for" in lines[-1] or (" needs ~" in lines[-1] and " free" in lines[-1])))
             leftovers = [p.name for p in target.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".lock"]
             mount(target, total * 4 + 10_000_000, remount=True)
             rerun = taps(job.argv(work), env)
