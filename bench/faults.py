@@ -5,8 +5,9 @@ For every job (a `taps-train` command writing files later runs trust) it runs th
 - kill: SIGKILL at seeded random moments of the job (as long as the undisturbed run took); after each kill every
   output present must already be what the undisturbed run writes (nothing partial under its final name), and a rerun
   must finish with exactly that;
-- disk: the job's outputs on a tmpfs that fills at given fractions of what it writes (needs root): one line naming
-  the file and the space, exit 1, no output present; then the tmpfs grown and a rerun: exactly the undisturbed outputs;
+- disk: the job's outputs on a tmpfs that something else has filled but for a given fraction of what the job writes
+  (needs root): one line naming the file and the space, exit 1, no output present; then the filler removed and a
+  rerun: exactly the undisturbed outputs;
 - two: two processes on the same job and outputs at once: both end well (or one waits and says so), one result, the
   undisturbed one;
 - memory: address-space limits below what PyTorch itself needs and just above it: the job finishes with the
@@ -177,6 +178,22 @@ def killed_at(job: Job, work: Path, env: dict, after: float) -> int:
         return process.wait()
 
 
+def left_partial(job: Job, work: Path, reference: str, files_ref: dict[str, str]) -> list[str]:
+    """What a killed run left under final names that a later run would take and is not the undisturbed result: files
+    that differ byte for byte; for an eval, a report whose τ differs (its timings are the machine's); for a fit, a
+    `last.ckpt` that does not load (its intermediate checkpoints differ from the final one by design)."""
+    if job.name == "eval":
+        return [] if not job.outputs(work)[0].exists() or job.digest(work) == reference else ["report.json"]
+    if job.name == "fit":
+        try:
+            if job.outputs(work)[0].exists():
+                job.digest(work)
+        except Exception:  # noqa: BLE001  (any failure to read it back)
+            return ["last.ckpt"]
+        return []
+    return partial_outputs(job, work, files_ref)
+
+
 def partial_outputs(job: Job, work: Path, reference: dict[str, str]) -> list[str]:
     """Outputs present under their final names that differ from the undisturbed run's (per file)."""
     found = []
@@ -212,7 +229,7 @@ def fault_kill(job: Job, base: Path, env: dict, reference: str, files_ref: dict[
     work.mkdir(parents=True)
     for attempt in range(kills):
         killed_at(job, work, env, rng.uniform(0.2, 1.0) * job.seconds)
-        partial = [] if job.name == "fit" else partial_outputs(job, work, files_ref)  # a fit's own checkpoints differ per step
+        partial = left_partial(job, work, reference, files_ref)
         rerun = taps(job.argv(work), env)
         same = rerun.returncode == 0 and job.digest(work) == reference
         tally.add(not partial and same, f"kill {attempt}: partial {partial}" if partial else f"kill {attempt}: rerun exit {rerun.returncode}, "
@@ -222,12 +239,18 @@ def fault_kill(job: Job, base: Path, env: dict, reference: str, files_ref: dict[
     return tally
 
 
-def mount(folder: Path, size: int, remount: bool = False) -> bool:
-    options = f"remount,size={size}" if remount else f"size={size}"
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True).returncode == 0
+def mount(folder: Path, size: int) -> bool:
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True).returncode == 0
 
 
-def fault_disk(job: Job, base: Path, env: dict, reference: str, fractions: list[float], total: int) -> Tally:
+def fill(path: Path, count: int) -> None:
+    """A file of `count` bytes (written, so the filesystem counts it), leaving the rest of the disk to the job."""
+    with path.open("wb") as handle:
+        for start in range(0, max(count, 0), 1 << 20):
+            handle.write(b"\0" * min(1 << 20, count - start))
+
+
+def fault_disk(job: Job, base: Path, env: dict, reference: str, files_ref: dict[str, str], fractions: list[float], total: int) -> Tally:
     tally = Tally()
     for fraction in fractions:
         work = base / f"disk{fraction}"
@@ -236,20 +259,21 @@ def fault_disk(job: Job, base: Path, env: dict, reference: str, fractions: list[
         if job.name == "fit":
             (work / "run").mkdir()
         target = work / ("run" if job.name == "fit" else "out")
-        if not mount(target, max(4096, int(fraction * total))):
+        if not mount(target, 2 * total + (1 << 20)):
             tally.add(False, "cannot mount a tmpfs (needs root)")
             continue
+        fill(target / ".filler", shutil.disk_usage(target).free - int(fraction * total))  # something else filled the disk
         try:
             done = taps(job.argv(work), env)
             lines = done.stderr.strip().splitlines()
             # mid-write ("no space left for <file>: it needs ...") or refused up front from an estimate (the feature cache)
             one_line = (done.returncode == 1 and lines and "Traceback" not in done.stderr and lines[-1].startswith("taps-train: error: ")
                         and ("no space left for" in lines[-1] or (" needs ~" in lines[-1] and " free" in lines[-1])))
-            leftovers = [p.name for p in target.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".lock"]
-            mount(target, total * 4 + 10_000_000, remount=True)
+            leftovers = left_partial(job, work, reference, files_ref)
+            (target / ".filler").unlink()
             rerun = taps(job.argv(work), env)
             same = rerun.returncode == 0 and job.digest(work) == reference
-            tally.add(bool(one_line) and same, f"{fraction:.0%}: exit {done.returncode}, last line {lines[-1][:200] if lines else ''!r}, "
+            tally.add(bool(one_line) and not leftovers and same, f"{fraction:.0%}: exit {done.returncode}, last line {lines[-1][:200] if lines else ''!r}, "
                       f"left {leftovers[:3]}, rerun same={same}")
         finally:
             subprocess.run(["umount", "-l", str(target)], capture_output=True)
@@ -328,7 +352,7 @@ def main() -> None:
         if "kill" in faults:
             tallies["kill"] = fault_kill(job, base / name, env, reference, files_ref, args.kills, args.seed)
         if "disk" in faults:
-            tallies["disk"] = fault_disk(job, base / name, env, reference, [float(f) for f in args.disk.split(",")], total)
+            tallies["disk"] = fault_disk(job, base / name, env, reference, files_ref, [float(f) for f in args.disk.split(",")], total)
         if "two" in faults:
             tallies["two"] = fault_two(job, base / name, env, reference)
         if "memory" in faults:
