@@ -285,9 +285,16 @@ def fault_two(job: Job, base: Path, env: dict, reference: str) -> Tally:
     work = base / "two"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    processes = [subprocess.Popen([sys.executable, "-m", "taps_train", *job.argv(work)], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(p.wait(timeout=1800), p.stderr.read()) for p in processes]
+    processes = [subprocess.Popen([sys.executable, "-m", "taps_train", *job.argv(work)], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True) for _ in range(2)]
+    results = []
+    for process in processes:
+        try:
+            results.append((process.returncode, process.communicate(timeout=1800)[1]))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            results.append((None, "timed out"))
+    results = [(process.returncode, err) for process, (_, err) in zip(processes, results)]
     both = all(code == 0 for code, _ in results)
     tally.add(both and job.digest(work) == reference, f"exits {[code for code, _ in results]}: {[err.strip()[-200:] for _, err in results]}")
     return tally

@@ -1,5 +1,4 @@
-"""The `taps-train` command: one table of commands, each a module of `taps_train.commands` (or its package's own
-command module) with a `run(args)`.
+"""The `taps-train` command: one table of commands, each a module of `taps_train.commands` with a `run(args)`.
 
 Config files are read as LightningCLI reads them (jsonargparse: `fit`, `validate` and `test` are Lightning's own CLI,
 `study` a config of its own; configs map one-to-one to constructor arguments); every other command takes options
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     except TapsError as err:
         print(f"taps-train: error: {out_of_memory(err.__cause__, args[0]) or err}", file=sys.stderr)
         sys.exit(1)
-    except (MemoryError, RuntimeError, OSError) as err:
+    except (MemoryError, RuntimeError, OSError, ValueError) as err:  # ValueError: jsonargparse wraps what constructors raise
         short = out_of_memory(err, args[0])
         if short is None:
             raise
@@ -97,14 +96,19 @@ def checked_memory_limit() -> None:
 def out_of_memory(err: BaseException | None, command: str) -> str | None:
     """A process that ran out of memory (Python's MemoryError, torch's allocator, a library that could not be mapped)
     as one line: how much was asked for where it says, the process's limit where it has one; None for other errors."""
-    if err is None:
+    seen = []
+    while err is not None and err not in seen and len(seen) < 20:  # the error itself, then what it wraps
+        seen.append(err)
+        text = str(err)
+        if (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError" or "out of memory" in text.lower()
+                or "can't allocate memory" in text or "Cannot allocate memory" in text or getattr(err, "errno", None) == errno.ENOMEM):
+            break
+        err = err.__cause__ or err.__context__
+    else:
         return None
-    text = str(err)
-    if not (isinstance(err, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text
-            or getattr(err, "errno", None) == errno.ENOMEM):
-        return None
-    asked = re.search(r"allocate (\d+) bytes", text)
+    asked = re.search(r"allocate (\d+) bytes", text) or re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", text)
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    return (f"out of memory in `taps-train {command}`" + (f": it asked for {size(int(asked[1]))} more" if asked else "")
+    wanted = (size(int(asked[1])) if asked[1].isdigit() else asked[1]) if asked else None
+    return (f"out of memory in `taps-train {command}`" + (f": it asked for {wanted} more" if wanted else "")
             + (f" within this process's limit of {size(limit)} (ulimit -v)" if limit != resource.RLIM_INFINITY else "")
             + "; free memory, raise the limit, or lower the batch or model size. Nothing half-written was kept")

@@ -3,8 +3,9 @@
 Every file or directory taps-train publishes is written under a temporary name beside its final one and renamed
 into place when complete, so a kill, a full disk or an error never leaves a half-written file under a name that a
 later run reads. Temporaries name their writer (`.<name>.<host>.<pid>.tmp`, staging directories
-`.<name>.<host>.<pid>.<random>.partial`): `writer_gone` tells a dead writer's leftovers from a live one's, and
-only this host's can be told (a shared filesystem may hold another machine's work in progress).
+`.<name>.<host>.<pid>.<random>.partial`, directories moved aside while replaced `... .old`): `writer_gone` tells a dead
+writer's leftovers from a live one's, and only this host's can be told (a shared filesystem may hold another
+machine's work in progress).
 """
 
 import errno
@@ -80,6 +81,8 @@ def full_disk_reported(partial: Path, target: Path, needed: int | None = None) -
     `DiskFull`; anything else as it was."""
     try:
         yield
+    except TapsError:
+        raise  # refusals of their own, never mistaken for a full disk
     except Exception as err:
         full = _disk_full(err, partial, needed, target)
         if full is None:
@@ -118,7 +121,7 @@ def writer_gone(name: str, target: str | None = None) -> bool:
     given), was left by a process of this host that no longer runs. Other hosts' leftovers, and names without an
     owner, are never gone."""
     target_pattern = re.escape(target) if target is not None else ".+"
-    match = re.fullmatch(rf"\.{target_pattern}\.{re.escape(socket.gethostname())}\.(?P<pid>\d+)(?:\.[^.]+)?\.(?:tmp|partial)", name)
+    match = re.fullmatch(rf"\.{target_pattern}\.{re.escape(socket.gethostname())}\.(?P<pid>\d+)(?:\.[^.]+)?\.(?:tmp|partial|old)", name)
     if match is None:
         return False
     try:
@@ -163,7 +166,8 @@ def recover_directory(target: Path, what: str = "write") -> list[str]:
         retired[-1].rename(target)
         done.append(f"restored the previous {what} at {target} (an earlier {what} was interrupted while replacing it)")
     if target.parent.is_dir():
-        count, _ = remove_dead_leftovers([p for p in target.parent.glob(f".{target.name}.*.partial") if p.is_dir()], target.name)
+        leftovers = [p for p in target.parent.glob(f".{target.name}.*") if p.suffix in (".partial", ".old") and p.is_dir()]
+        count, _ = remove_dead_leftovers(leftovers if target.exists() else [p for p in leftovers if p.suffix == ".partial"], target.name)
         if count:
             done.append(f"removed {count} staging director{'y' if count == 1 else 'ies'} of interrupted {what}s to {target}")
     return done

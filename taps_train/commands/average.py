@@ -1,8 +1,6 @@
 """`taps-train average`: drafters averaged in weight space."""
 
 
-
-
 def run(args: list[str]) -> None:
     import argparse
 

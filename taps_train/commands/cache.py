@@ -35,8 +35,6 @@ def run(args: list[str]) -> None:
     cache(**vars(parser.parse_args(args)))
 
 
-
-
 def cache(recipe: str, verifier: str, cache_dir: str | None, dtype: str, device: str, verifier_dtype: str, generation_engine: str,
           engine_python: str | None, dry_run: bool, estimate_time: bool, verify: bool) -> None:
     """Under torchrun (WORLD_SIZE > 1) every rank builds its share of the shards, each on its own device; rank 0 alone prints

@@ -1,8 +1,6 @@
 """`taps-train consolidate`: one drafter checkpoint file from a DeepSpeed checkpoint directory."""
 
 
-
-
 def run(args: list[str]) -> None:
     import argparse
 

@@ -8,7 +8,9 @@ def run(args: list[str]) -> None:
 
     from taps_train.eval.report import tau_table
     from taps_train.export import BUNDLE_STRATEGIES, LAYOUTS, export_bundle, export_drafter
-    from taps_train.decoding.tree import TreeConfig
+    from dataclasses import asdict
+
+    from taps_train.decoding.tree import TreeConfig, tree_problems
     from taps_train.eval.settings import calibrated_tree
     from taps_train.verifier.loading import DTYPES
 
@@ -54,6 +56,9 @@ def run(args: list[str]) -> None:
             raise TapsError("--tree auto: the calibrated report chose plain decoding (no tree was expected to beat it on its machine), "
                             "so it has no tree for a bundle; pass --total-tokens/--depth/--top-k")
     else:
-        tree = TreeConfig(**{name: value for name, value in tree_options.items() if value is not None})
+        given = {name: value for name, value in tree_options.items() if value is not None}
+        for name, problem in tree_problems(**{**asdict(TreeConfig()), **given}, plain=False).items():
+            raise TapsError(f"--{name.replace('_', '-')} {problem}")
+        tree = TreeConfig(**given)
     print(export_bundle(options.checkpoints, options.out, strategy=options.bundle_strategy or "merge", tree=tree,
                         domains=options.domains, **common))

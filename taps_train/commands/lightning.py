@@ -9,14 +9,9 @@ import inspect
 import sys
 from pathlib import Path
 
+from taps_train.cli import COMMANDS
 from taps_train.commands.errors import config_error, config_files, wrapped_taps_error
 from taps_train.errors import TapsError
-
-COMMANDS = {
-    "fit": "train a drafter (LightningCLI: --config configs/<name>.yaml)",
-    "validate": "run the validation loop of a drafter config/checkpoint",
-    "test": "run the test loop of a drafter config/checkpoint",
-}
 
 
 def run(args: list[str] | None, command: str) -> None:
@@ -55,8 +50,8 @@ def run(args: list[str] | None, command: str) -> None:
             args=args,
             save_config_kwargs={"overwrite": True},
             # jsonargparse's own refusals raise (not print pages and exit 2), to become one line naming key and file
-            parser_kwargs={"description": f"taps-train {command}: {COMMANDS[command]}", "exit_on_error": False,
-                           **{name: {"exit_on_error": False} for name in COMMANDS}},
+            parser_kwargs={"description": f"taps-train {command}: {COMMANDS[command].summary}", "exit_on_error": False,
+                           **{name: {"exit_on_error": False} for name in ("fit", "validate", "test")}},
         )
     except TapsError:
         raise

@@ -1,8 +1,6 @@
 """`taps-train report`: the paper's tables and figures from eval reports."""
 
 
-
-
 def run(args: list[str]) -> None:
     import argparse
 

@@ -1,8 +1,8 @@
 """`taps-train study`: the TAPS experiment from one YAML (fit, eval, report; resumable)."""
 
+from taps_train.cli import COMMANDS
+from taps_train.commands.errors import config_files
 from taps_train.errors import TapsError
-
-SUMMARY = "the TAPS experiment from one YAML: fit every backbone x domain/mixture, eval every drafter and strategy, report (resumable)"
 
 
 def run(args: list[str]) -> None:
@@ -14,14 +14,14 @@ def run(args: list[str]) -> None:
     from taps_train.study.findings import evaluated_backbones, write_study_report
     from taps_train.study.plan import report_dir
 
-    parser = ArgumentParser(prog="taps-train study", description=SUMMARY + ". Any key of the YAML can be overridden, "
+    parser = ArgumentParser(prog="taps-train study", description=COMMANDS["study"].summary + ". Any key of the YAML can be overridden, "
                             "e.g. --max_steps 100.", exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="a study YAML (see configs/study/)")
     parser.add_class_arguments(Study)
     parser.add_argument("--dry-run", action="store_true", help="print the plan (cells done / to do) and its estimated time; run nothing")
     parser.add_argument("--report-only", action="store_true", help="write the report of the evaluations finished so far (a study "
                         "that runs in several sittings); run nothing")
-    files = [value for flag, value in zip(args, args[1:]) if flag == "--config"]
+    files = config_files(args)
     for path in files:
         check_study_file(path)
     try:

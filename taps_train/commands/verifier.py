@@ -5,11 +5,10 @@ import inspect
 from dataclasses import fields
 from pathlib import Path
 
+from taps_train.cli import COMMANDS
 from taps_train.errors import TapsError
 from taps_train.verifier.loading import DEFAULT_VERIFIER
 from taps_train.verifier.offline.tiny import TinyVerifierSpec
-
-SUMMARY = "build the offline tiny verifier, convert GGUF models, inspect and sample any verifier; build a Llama-3-shaped stand-in"
 
 
 def verifier_build(spec: TinyVerifierSpec = TinyVerifierSpec(), force: bool = False) -> None:
@@ -60,8 +59,6 @@ def verifier_info(verifier: str = DEFAULT_VERIFIER) -> None:
     Args:
         verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local model directory, or a hub id.
     """
-    from pathlib import Path
-
     from taps_train.verifier import gguf
     from taps_train.verifier.offline import tiny
     from taps_train.verifier.loading import load_verifier
@@ -98,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
         doc = inspect.getdoc(function) or ""
         return commands.add_parser(name, help=doc.splitlines()[0], description=doc.split("\n\n")[0])
 
-    main = argparse.ArgumentParser(prog="taps-train verifier", description=SUMMARY)
+    main = argparse.ArgumentParser(prog="taps-train verifier", description=COMMANDS["verifier"].summary)
     commands = main.add_subparsers(dest="action", required=True)
     build = add("build", verifier_build)
     for field in fields(TinyVerifierSpec):

@@ -66,13 +66,13 @@ def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: boo
     try:
         provenance = json.loads((export_dir / "taps_export.json").read_text())
         layout, backbone = exported_backbone(export_dir)
-    except (OSError, ValueError, TapsError) as err:
+        trained = (provenance.get("backbone") or {}).get("name") or backbone.architecture
+    except (OSError, ValueError, TypeError, AttributeError, TapsError) as err:
         raise TapsError(f"{export_dir} is not a taps-train export (taps_export.json or config.json unreadable: {err}); "
                         "write one with `taps-train export CKPT --out DIR --format vllm`") from err
     method = layout.vllm_method(backbone)
     if method is None:
         served = sorted(name for name, other in LAYOUTS.items() if other.vllm_method(backbone))
-        trained = (provenance.get("backbone") or {}).get("name") or backbone.architecture
         raise TapsError(f"{export_dir} is a --format {layout.name} export of an {trained} drafter, which vLLM does not serve "
                         f"as such ({layout.engine}); export it with --format {' or '.join(served)}")
     if alone and not layout.served_alone:

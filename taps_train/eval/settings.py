@@ -3,7 +3,8 @@
 `taps-train eval` checks its options with these before loading anything, and a study checks the settings its
 evaluation cells will pass to `eval` with the same functions during `--dry-run`, so a plan it approves does not
 fail hours later at its first evaluation. Each rule returns the problem as text (None when the value is fine);
-callers name the option (`--depth`) or the study key (`tree.depth`).
+callers name the option (`--top-p`) or the study key (`temperatures`). Tree shapes have theirs with their type
+(`decoding/tree.py tree_problems`).
 """
 
 import math

@@ -1,8 +1,9 @@
 """Export drafters as the draft-model directories serving engines load, and read them back.
 
 One module per layout (`sglang.py`: `--format eagle`, `vllm.py`, `speculators.py`), each registering a `Layout`;
-`drafter.py` writes one drafter through a layout, `bundle.py` a composition of several, `reader.py` reads any of them
-back, `directory.py` keeps the output directory whole. A new layout is one module here, imported below.
+`source.py` reads the checkpoints and the verifier they must fit, `drafter.py` writes one drafter through a layout,
+`bundle.py` a composition of several, `reader.py` reads any of them back, `directory.py` keeps the output directory
+whole. A new layout is one module here, imported below.
 """
 
 from taps_train.export import sglang, speculators, vllm  # noqa: F401  (registers the layouts)

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 import taps_train
 from taps_train.drafter import BACKBONES, backbone_class
-from taps_train.drafter.checkpoint import check_tensors
+from taps_train.drafter.backbone import check_tensors
 from taps_train.errors import TapsError
 from taps_train.export.directory import export_directory
 from taps_train.export.layout import LAYOUTS, Layout, layout_named, serving_config

@@ -61,9 +61,10 @@ def _recorded(directory: Path, config: dict, where: str) -> tuple[Layout, type[D
             provenance = json.loads(provenance_file.read_text())
             layout = layout_named(provenance["format"])
             architecture = provenance.get("drafter_architecture")
-        except (OSError, ValueError, KeyError, TypeError, TapsError) as err:
-            raise TapsError(f"{where}: taps_export.json does not name a known layout ({err}); re-export the drafter") from err
-        return layout, backbone_class({"architectures": [architecture]}) if architecture else None
+            backbone = backbone_class({"architectures": [architecture]}) if architecture else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, TapsError) as err:
+            raise TapsError(f"{where}: taps_export.json does not name a known layout and backbone ({err}); re-export the drafter") from err
+        return layout, backbone
     recognized = [layout for layout in LAYOUTS.values() if layout.recognizes(config)] or [layout for layout in LAYOUTS.values() if layout.fallback]
     return recognized[0], None
 

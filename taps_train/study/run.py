@@ -8,6 +8,7 @@ when its fingerprint is unchanged.
 """
 
 import ctypes
+import functools
 import hashlib
 import json
 import shutil
@@ -23,7 +24,6 @@ from rich.console import Console
 
 from taps_train import files
 from taps_train.units import duration
-from taps_train.files import exclusive
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
 from taps_train.study.config import Study
@@ -39,6 +39,7 @@ class Rates:
     per_process: dict[str, float]
 
 
+@functools.cache
 def prior_rates() -> dict[str, Rates]:
     """The measured rates shipped with taps-train, per verifier."""
     raw = yaml.safe_load(Path(__file__).with_name("prior_rates.yaml").read_text())
@@ -56,7 +57,7 @@ def run_study(study: Study, dry_run: bool = False, console: Console | None = Non
         study.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise TapsError(f"cannot create the study folder {study.out_dir}: {err.strerror or err}; set out_root to a writable folder") from err
-    with exclusive(study.out_dir / ".lock", f"another run of study {study.name}"):
+    with files.exclusive(study.out_dir / ".lock", f"another run of study {study.name}"):
         state = _State(study.out_dir)
         todo = _todo(cells, state)  # what another run finished meanwhile
         began = time.monotonic()

@@ -40,7 +40,8 @@ class RunCheckpoint(ModelCheckpoint):
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:  # replaces Lightning's, which writes in place
         target = Path(filepath)
-        if trainer.is_global_zero:
+        if trainer.is_global_zero:  # what killed saves left: a folder moved aside and not put back, dead writers' temporaries
+            files.recover_directory(target, "checkpoint save")
             files.remove_dead_leftovers(list(target.parent.glob(f".{target.name}.*.tmp")), target.name)
         staged = Path(trainer.strategy.broadcast(str(files.temporary_path(target))))  # one name for every rank (DeepSpeed writes a folder)
         try:
@@ -49,9 +50,11 @@ class RunCheckpoint(ModelCheckpoint):
         except Exception:
             shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
             raise
-        if trainer.is_global_zero:
-            files.replace(staged, target)
-        trainer.strategy.barrier("RunCheckpoint._save_checkpoint")
+        try:
+            if trainer.is_global_zero:
+                files.replace(staged, target)
+        finally:
+            trainer.strategy.barrier("RunCheckpoint._save_checkpoint")  # every rank waits, also when the rename failed
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         if trainer.is_global_zero:

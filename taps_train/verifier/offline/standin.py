@@ -78,11 +78,12 @@ def build_standin(
     """
     out = Path(out).expanduser()
     spec = _spec(layers, hidden, heads, kv_heads, dtype, seed)
+    for line in recover_directory(out, "build"):
+        console.print(line)
     if _reusable(out, spec):
         console.print(f"reusing stand-in verifier at {out}")
         return out
     began = time.perf_counter()
-    recover_directory(out, "build")
     with atomic_directory(out) as staging:
         tokenizer = _tokenizer(spec)
         config = _config(spec, tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids(EOT), tokenizer.pad_token_id)

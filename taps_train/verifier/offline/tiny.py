@@ -184,7 +184,8 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "samples": samples,
         "build_seconds": round(time.perf_counter() - began, 1),
     }
-    recover_directory(out_dir, "build")
+    for line in recover_directory(out_dir, "build"):
+        console.print(line)
     with atomic_directory(out_dir) as staging:
         save_portable(model, tokenizer, staging)
         write_manifest(staging, MANIFEST, manifest)
