@@ -216,7 +216,12 @@ def file_hashes(job: Job, work: Path) -> dict[str, str]:
 
 
 def written_bytes(job: Job, work: Path) -> int:
-    return sum(p.stat().st_size for root in job.outputs(work) for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
+    """Everything the job writes into its output folder (a fit's every checkpoint, not only the last)."""
+    return sum(p.stat().st_size for p in (work / output_folder(job)).rglob("*") if p.is_file())
+
+
+def output_folder(job: Job) -> str:
+    return "run" if job.name == "fit" else "out"
 
 
 # --- faults ----------------------------------------------------------------------------------------------------------
@@ -258,7 +263,7 @@ def fault_disk(job: Job, base: Path, env: dict, reference: str, files_ref: dict[
         (work / "out").mkdir(parents=True)
         if job.name == "fit":
             (work / "run").mkdir()
-        target = work / ("run" if job.name == "fit" else "out")
+        target = work / output_folder(job)
         if not mount(target, 2 * total + (1 << 20)):
             tally.add(False, "cannot mount a tmpfs (needs root)")
             continue
