@@ -243,8 +243,9 @@ def _die_with_parent() -> None:
 
 
 def _last_line(log: Path) -> str:
+    """The cell's own last words (its one-line error, without the repeated `taps-train: error:`)."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"
+    return lines[-1].removeprefix("taps-train: error: ")[:600] if lines else "no output"
 
 
 def _describe(cell: Cell) -> str:

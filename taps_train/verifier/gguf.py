@@ -123,12 +123,11 @@ def _convert(source: Path, digest: str, dtype: str, out_dir: Path) -> None:
                 "dtype": dtype,
                 "architecture": config.architectures[0] if config.architectures else config.model_type,
                 "parameters": sum(p.numel() for p in plain.parameters()),
-                "build_seconds": round(time.perf_counter() - began, 1),
             }
             write_manifest(staging, MANIFEST, manifest)
     except OSError as err:
         raise TapsError(f"cannot write the converted GGUF verifier to {out_dir}: {first_line(err)}; free disk space or set TAPS_HOME") from err
-    console.print(f"GGUF verifier ready at {out_dir} ({manifest['parameters']:,} parameters, {manifest['build_seconds']} s)")
+    console.print(f"GGUF verifier ready at {out_dir} ({manifest['parameters']:,} parameters, {time.perf_counter() - began:.1f} s)")
 
 
 def _read_gguf(source: Path):

@@ -182,7 +182,6 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         "final_train_loss": sum(losses[-20:]) / len(losses[-20:]) if losses else None,
         "heldout_loss": heldout,
         "samples": samples,
-        "build_seconds": round(time.perf_counter() - began, 1),
     }
     for line in recover_directory(out_dir, "build"):
         console.print(line)
@@ -191,7 +190,7 @@ def _build(spec: TinyVerifierSpec, out_dir: Path) -> None:
         write_manifest(staging, MANIFEST, manifest)
     shutil.rmtree(work)
     console.print(
-        f"tiny verifier ready at {out_dir} in {manifest['build_seconds']} s: "
+        f"tiny verifier ready at {out_dir} in {time.perf_counter() - began:.1f} s: "
         f"held-out loss {heldout['gsm_symbolic']:.3f} (math) / {heldout['sharegpt']:.3f} (chat) nats/token"
     )
 
