@@ -13,22 +13,13 @@ converts it, and a ratio far above 1 says: keep the verifier in float32 (`verifi
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
+from taps_train.machine import cpu_flags
 from taps_train.verifier.loading import load_verifier
 
-NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
-def native_bf16_flags() -> list[str]:
-    """The CPU flags (Linux /proc/cpuinfo) that give bfloat16 matrix multiplies in hardware."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # bfloat16 matrix multiplies in hardware
 
 
 def fastest(work, rounds: int) -> float:
@@ -68,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    flags = native_bf16_flags()
+    flags = [flag for flag in cpu_flags() if flag in NATIVE_BF16_FLAGS]
     print(f"verifier {args.verifier}, {torch.get_num_threads()} threads, native bfloat16: {', '.join(flags) or 'none'}")
     fp32 = timings(args.verifier, "float32", args.rounds)
     bf16 = timings(args.verifier, "bfloat16", args.rounds)

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from taps_train import files
+from taps_train import files, machine
 from taps_train.drafter.average import average_checkpoints, check_weights
 from taps_train.drafter.checkpoint import (
     check_verifier,
@@ -141,6 +141,7 @@ def run(args: list[str]) -> None:
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
             tree_calibration=None if calibration is None else {**calibration.as_dict(), "measured": measured(calibration, results)},
             speculation_gate=None if gate is None else gate.as_dict(),
+            machine=machine.describe(verifier.model.device),
         )
     write_reports(reports, options)
 

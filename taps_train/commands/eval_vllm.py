@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from taps_train import machine
 from taps_train.engine.agreement import chain_config
 from taps_train.engine.serve import ServedDraft, VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.errors import TapsError
@@ -88,6 +89,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
                     "speculative_tokens": k, "export": served.model, "served_alone": served.alone, "turns": "first",
                     "tau": "emitted tokens per verifier step: accepted draft tokens / drafts + 1 (bonus token)",
                     "load_problems": problems, "log": result["log"]},
+            machine={**machine.describe(), "threads": result["threads"]},  # the engine's threads timed it
         )
     return reports
 

@@ -6,7 +6,7 @@ T=0 the output tokens are the verifier's greedy tokens, so a step's accepted cou
 prefix of its chain and the output from its position; vLLM's own counters are checked against that reconstruction.
 
 Agreement is judged on three levels, from coarse to sharp: the T=0 outputs (vLLM's, with and without the draft, must
-equal the verifier's greedy output and taps-train's), the acceptance (τ with a paired bootstrap interval of its
+equal the verifier's greedy output and taps-train's), the acceptance (τ with a paired interval of its
 difference over prompts, and accepted tokens per chain position), and the drafts themselves (at every step both sides
 took, which must be nearly all of taps-train's steps: the chain and the probability the draft gave each token it
 drafted). Acceptance alone has little power with a weak drafter (most chains fail at position 1 whatever the export
@@ -110,7 +110,7 @@ class Agreement:
     k: int
     vllm_tau: float
     taps_tau: float
-    tau_difference_ci95: tuple[float, float]  # vLLM - taps-train, paired bootstrap over prompts
+    tau_difference_ci95: tuple[float, float] | None  # vLLM - taps-train, paired over prompts (None: one prompt)
     vllm_accepted_by_position: list[int]
     taps_accepted_by_position: list[int]
     vllm_steps: int
@@ -134,7 +134,8 @@ class Agreement:
             found.append(("greedy", f"{self.prompts - self.outputs_equal_greedy} outputs differ from greedy"))
         if self.outputs_equal_taps < self.prompts:
             found.append(("outputs", f"{self.prompts - self.outputs_equal_taps} outputs differ from taps-train's"))
-        low, high = self.tau_difference_ci95
+        # one prompt has no interval: its τ must then be equal
+        low, high = self.tau_difference_ci95 or (self.vllm_tau - self.taps_tau,) * 2
         if not low <= 0 <= high:
             found.append(("tau", f"τ differs ({self.vllm_tau:.3f} vs {self.taps_tau:.3f}, interval [{low:+.3f}, {high:+.3f}])"))
         if self.steps_compared < STEPS_COVERED * self.taps_steps:

@@ -1,14 +1,16 @@
 """The paper's tables and figures from `taps-train eval` reports.
 
-`taps-train report` writes them as PNGs plus a markdown page; notebooks/analysis.ipynb calls the same
-functions, so a view looks the same with or without Jupyter. A *variant* is one row of Table 1: the
-drafters, the strategy and (for weight averaging) the weights; its reports differ by temperature.
+`taps-train report` writes them as PNGs plus a markdown page that opens with what the reports show; notebooks/
+analysis.ipynb calls the same functions, so a view looks the same with or without Jupyter. A *variant* is one row of
+Table 1: the drafters, the strategy and (for weight averaging) the weights; its reports differ by temperature. Rows
+are named for readers (`names` maps a drafter's `run/checkpoint` to what it is, e.g. "math specialist"; by default
+the run/checkpoint itself) and come in a fixed order: single drafters, weight averages, routing, merging.
 
 Figures are drawn on `matplotlib.figure.Figure` directly (no pyplot): no global state and no display
 backend, so the command runs headless.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -17,9 +19,13 @@ from matplotlib.ticker import MaxNLocator
 from taps_train import files
 from taps_train.errors import TapsError
 from taps_train.paths import writable_directory
-from taps_train.eval.report import read_report, speedup_cell, tau_only_cell
+from taps_train.eval.intervals import LEVEL, METHOD, PromptCounts, paired_difference_interval
+from taps_train.eval.report import average_tau_interval, read_report, speedup_cell, tau_interval_of, tau_only_cell
 
 DPI = 120
+# Rows of Table 1 by strategy: the drafters alone, then compositions from weight space to the verifier's tree.
+VARIANT_ORDER = ("single", "average", "route-entropy", "route-confidence", "merge-budget", "merge-union", "merge")
+Names = Mapping[str, str] | None  # drafter `run/checkpoint` -> readable name
 
 
 # --- reports ------------------------------------------------------------------------------------
@@ -53,23 +59,48 @@ def weights(report: dict) -> list[float]:
     return report.get("weights") or [1.0 / len(report["drafters"])] * len(report["drafters"])
 
 
-def variant(report: dict) -> str:
-    """Row label: the drafter for `single`, else `strategy: a + b` (with λ for weight averaging)."""
-    names = " + ".join(drafter_name(d) for d in report["drafters"])
+def drafter_label(path: str, names: Names = None) -> str:
+    """A drafter as readers know it: its readable name when `names` has one, else its `run/checkpoint`."""
+    return (names or {}).get(drafter_name(path), drafter_name(path))
+
+
+def variant(report: dict, names: Names = None) -> str:
+    """Row label: the drafter for `single`, else `strategy (a + b)` (with λ for weight averaging)."""
+    drafters = " + ".join(drafter_label(d, names) for d in report["drafters"])
     if report["strategy"] == "single":
-        return names
+        return drafters
     if report["strategy"] == "average":
-        return f"average λ={'/'.join(f'{w:g}' for w in weights(report))}: {names}"
-    return f"{report['strategy']}: {names}"
+        return f"average λ={'/'.join(f'{w:g}' for w in weights(report))} ({drafters})"
+    return f"{report['strategy']} ({drafters})"
 
 
-def by_variant(reports: list[dict]) -> dict[str, dict[float, dict]]:
-    """variant -> temperature -> report, variants in the order given; two reports for one cell are an error."""
+def variant_drafters(report: dict) -> str:
+    """The drafters of a row by `run/checkpoint` (what the files are called), for the column beside readable names."""
+    return " + ".join(drafter_name(d) for d in report["drafters"])
+
+
+def ordered(reports: list[dict], names: Names = None) -> list[dict]:
+    """Reports in the fixed row order: single drafters (in the order of `names`, else as given), weight averages (the
+    first drafter's λ descending), then routing and merging (VARIANT_ORDER); the given order breaks ties."""
+    singles = list(names or {}) + [drafter_name(r["drafters"][0]) for r in reports if r["strategy"] == "single"]
+
+    def key(item: tuple[int, dict]) -> tuple:
+        index, report = item
+        strategy = report["strategy"]
+        rank = VARIANT_ORDER.index(strategy) if strategy in VARIANT_ORDER else len(VARIANT_ORDER)
+        single = singles.index(drafter_name(report["drafters"][0])) if strategy == "single" else 0
+        return rank, single, -weights(report)[0] if strategy == "average" else 0.0, index
+
+    return [report for _, report in sorted(enumerate(reports), key=key)]
+
+
+def by_variant(reports: list[dict], names: Names = None) -> dict[str, dict[float, dict]]:
+    """variant -> temperature -> report, variants in the fixed row order; two reports for one cell are an error."""
     table: dict[str, dict[float, dict]] = {}
-    for report in reports:
-        cells = table.setdefault(variant(report), {})
+    for report in ordered(reports, names):
+        cells = table.setdefault(variant(report, names), {})
         if report["temperature"] in cells:
-            raise TapsError(f"two reports for {variant(report)} at T={report['temperature']:g}; pass one of them")
+            raise TapsError(f"two reports for {variant(report, names)} at T={report['temperature']:g}; pass one of them")
         cells[report["temperature"]] = report
     return table
 
@@ -99,34 +130,57 @@ def markdown_cell(text: object) -> str:
     return "".join("\\" + c if c in "\\|`<>[]" else c for c in flat)
 
 
-def tau_table(reports: list[dict]) -> str:
-    """Table 1: τ per variant (rows) and benchmark x temperature (columns), with verified tree tokens per call, and
-    next to each τ the speedup over plain decoding when any report measured it."""
-    temps, names = temperatures(reports), benchmark_names(reports)
-    header, with_speedup = ["variant"], timed(reports)
+def prompt_counts(reports: list[dict], temperature: float, benchmark: str) -> list[int]:
+    """The distinct numbers of prompts decoded on `benchmark` at `temperature` (one, unless prompts were skipped)."""
+    return sorted({r["benchmarks"][benchmark]["prompts"] for r in reports if r["temperature"] == temperature and benchmark in r["benchmarks"]})
+
+
+def tau_table(reports: list[dict], names: Names = None) -> str:
+    """Table 1: τ with its interval per variant (rows) and benchmark x temperature (columns; the number of prompts in the
+    header, or in a cell whose count differs), the verified tree tokens per call, and next to each τ the speedup over plain
+    decoding when any report measured it."""
+    temps, benchmarks = temperatures(reports), benchmark_names(reports)
+    header, with_speedup = ["variant"] + (["drafters"] if names else []), timed(reports)
+    usual = {}
     for t in temps:
-        for name in names:
-            header += [f"T={t:g} {name}"] + ([f"T={t:g} {name} speedup"] if with_speedup else [])
-        header.append(f"T={t:g} average")
+        for name in benchmarks:
+            counts = prompt_counts(reports, t, name)
+            usual[t, name] = counts[-1] if counts else 0
+            header += [f"T={t:g} {name} τ (n={usual[t, name]})"] + ([f"T={t:g} {name} speedup"] if with_speedup else [])
+        header.append(f"T={t:g} average τ")
+    header.append("tree tokens per call")
     rows = []
-    for label, cells in by_variant(reports).items():
-        row = [label]
+    for label, cells in by_variant(reports, names).items():
+        row = [label] + ([variant_drafters(next(iter(cells.values())))] if names else [])
         for t in temps:
             report = cells.get(t)
             results = report["benchmarks"] if report else {}
-            for name in names:
-                row.append(tau_only_cell(results[name]) if name in results else "–")
+            for name in benchmarks:
+                result = results.get(name)
+                cell = tau_only_cell(result) if result else "–"
+                if result and result["prompts"] != usual[t, name]:
+                    cell += f" (n={result['prompts']})"
+                row.append(cell)
                 if with_speedup:
-                    row.append(speedup_cell(results[name]) if name in results else "–")
-            row.append(f"{report['average_acceptance_length']:.2f}" if report else "–")
+                    row.append(speedup_cell(result) if result else "–")
+            row.append(average_cell(report) if report else "–")
+        tokens = sorted({round(result["mean_tree_tokens"]) for report in cells.values() for result in report["benchmarks"].values()})
+        row.append("/".join(map(str, tokens)))
         rows.append(row)
     return markdown_table(header, rows)
 
 
+def average_cell(report: dict) -> str:
+    """The report's average τ over its benchmarks, with its interval when every benchmark has per-prompt counts."""
+    interval = average_tau_interval(report)
+    return f"{report['average_acceptance_length']:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def tau_table_caption(reports: list[dict]) -> str:
-    return ("τ = tokens emitted per verifier call (± the half-width of its 95% bootstrap interval over prompts); in parentheses the "
-            "mean number of tree tokens the verifier checked per call" + ("; speedup = tokens/s over plain decoding of the same "
-                                                                         "verifier on the same prompts, with its 95% interval." if timed(reports) else "."))
+    return (f"τ = tokens emitted per verifier call, with its {LEVEL:.0%} interval ({METHOD}; n = prompts per benchmark); the "
+            "average's interval resamples each benchmark's prompts" + ("; speedup = tokens/s over plain decoding of the same "
+                                                                     "verifier on the same prompts, with its 95% interval as the "
+                                                                     "report recorded it." if timed(reports) else "."))
 
 
 def timed(reports: list[dict]) -> bool:
@@ -143,7 +197,7 @@ def routing_drafters(report: dict) -> list[str]:
     return list(dict.fromkeys(d for result in report["benchmarks"].values() for d in result.get("routing", {})))
 
 
-def routing_table(report: dict) -> str:
+def routing_table(report: dict, names: Names = None) -> str:
     """Table 2 for one routed report: verifier calls (rounds) whose tree came from each drafter, per benchmark."""
     drafters = routing_drafters(report)
     rows = []
@@ -151,19 +205,19 @@ def routing_table(report: dict) -> str:
         counts = result.get("routing", {})
         total = sum(counts.values())
         rows.append([name, *(f"{counts.get(d, 0)} ({100 * counts.get(d, 0) / max(total, 1):.1f}%)" for d in drafters), str(total)])
-    return markdown_table(["benchmark", *map(drafter_name, drafters), "rounds"], rows)
+    return markdown_table(["benchmark", *(drafter_label(d, names) for d in drafters), "rounds"], rows)
 
 
-def signal_table(reports: list[dict]) -> str:
+def signal_table(reports: list[dict], names: Names = None) -> str:
     """Figure 7's numbers: mean draft entropy and confidence of accepted vs rejected draft tokens."""
     def number(value: float | None) -> str:
         return "–" if value is None else f"{value:.3f}"
 
     rows = []
-    for report in reports:
+    for report in ordered(reports, names):
         for name, result in report["benchmarks"].items():
             entropy, confidence = result.get("draft_entropy", {}), result.get("draft_confidence", {})
-            rows.append([variant(report), f"{report['temperature']:g}", name,
+            rows.append([variant(report, names), f"{report['temperature']:g}", name,
                          *(number(signals.get(kind)) for signals in (entropy, confidence) for kind in ("accepted", "rejected"))])
     header = ["variant", "T", "benchmark", "entropy accepted", "entropy rejected", "confidence accepted", "confidence rejected"]
     return markdown_table(header, rows)
@@ -177,36 +231,39 @@ def _grid(rows: int, cols: int, width: float = 4.0, height: float = 3.2, **kwarg
     return figure, figure.subplots(rows, cols, squeeze=False, **kwargs)
 
 
-def plot_tau(reports: list[dict]) -> Figure:
-    """Table 1 as bars: τ per benchmark (and average) for each variant, one panel per temperature."""
-    temps, names = temperatures(reports), benchmark_names(reports)
-    table = by_variant(reports)
-    figure, axes = _grid(1, len(temps), width=min(9.0, max(4.0, 0.25 * (len(names) + 1) * len(table))), height=3.8, sharey=True)
+def plot_tau(reports: list[dict], names: Names = None) -> Figure:
+    """Table 1 as bars with their intervals: τ per benchmark (and average) for each variant, one panel per temperature."""
+    temps, benchmarks = temperatures(reports), benchmark_names(reports)
+    table = by_variant(reports, names)
+    figure, axes = _grid(1, len(temps), width=min(9.0, max(4.0, 0.25 * (len(benchmarks) + 1) * len(table))), height=3.8, sharey=True)
     width = 0.8 / len(table)
     for ax, t in zip(axes[0], temps):
         for index, (label, cells) in enumerate(table.items()):
             report = cells.get(t)
             if report is None:
                 continue
-            values = [report["benchmarks"].get(n, {}).get("acceptance_length", float("nan")) for n in names]
-            ax.bar([x + (index - (len(table) - 1) / 2) * width for x in range(len(names) + 1)],
-                   [*values, report["average_acceptance_length"]], width, label=label, color=f"C{index % 10}")
-        ax.set_xticks(range(len(names) + 1), [*names, "average"], rotation=30, ha="right")
+            results = [report["benchmarks"].get(n) for n in benchmarks]
+            values = [r["acceptance_length"] if r else float("nan") for r in results] + [report["average_acceptance_length"]]
+            intervals = [tau_interval_of(r) if r else None for r in results] + [average_tau_interval(report)]
+            errors = [[v - i[0] if i else 0.0 for v, i in zip(values, intervals)], [i[1] - v if i else 0.0 for v, i in zip(values, intervals)]]
+            ax.bar([x + (index - (len(table) - 1) / 2) * width for x in range(len(benchmarks) + 1)], values, width, yerr=errors,
+                   error_kw={"elinewidth": 0.8, "capsize": 1.5, "ecolor": "0.25"}, label=label, color=f"C{index % 10}")
+        ax.set_xticks(range(len(benchmarks) + 1), [*benchmarks, "average"], rotation=30, ha="right")
         ax.set_title(f"T={t:g}")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("τ (tokens per verifier call)")
     _legend(figure, axes)
-    figure.suptitle("Acceptance length by benchmark (Table 1)")
+    figure.suptitle(f"Acceptance length by benchmark, {LEVEL:.0%} intervals (Table 1)")
     return figure
 
 
-def plot_accept_by_depth(reports: list[dict]) -> Figure:
+def plot_accept_by_depth(reports: list[dict], names: Names = None) -> Figure:
     """Figure 8: acceptance rate of the draft token at each depth, per benchmark (columns) and temperature (rows)."""
-    temps, names = temperatures(reports), benchmark_names(reports)
-    table = by_variant(reports)
-    figure, axes = _grid(len(temps), len(names), sharex=True, sharey=True)
+    temps, benchmarks = temperatures(reports), benchmark_names(reports)
+    table = by_variant(reports, names)
+    figure, axes = _grid(len(temps), len(benchmarks), sharex=True, sharey=True)
     for row, t in zip(axes, temps):
-        for ax, name in zip(row, names):
+        for ax, name in zip(row, benchmarks):
             for index, (label, cells) in enumerate(table.items()):
                 rates = cells[t]["benchmarks"].get(name, {}).get("accept_rate_by_depth", []) if t in cells else []
                 if rates:
@@ -224,17 +281,17 @@ def plot_accept_by_depth(reports: list[dict]) -> Figure:
     return figure
 
 
-def plot_entropy(reports: list[dict]) -> Figure:
+def plot_entropy(reports: list[dict], names: Names = None) -> Figure:
     """Figure 7: mean draft entropy of accepted vs rejected tokens, per benchmark (columns) and temperature (rows)."""
-    temps, names = temperatures(reports), benchmark_names(reports)
-    labels = list(by_variant(reports))
-    figure, axes = _grid(len(temps), len(names), width=3.2, height=0.32 * len(labels) + 1.4, sharex=True, sharey=True)
+    temps, benchmarks = temperatures(reports), benchmark_names(reports)
+    labels = list(by_variant(reports, names))
+    figure, axes = _grid(len(temps), len(benchmarks), width=3.2, height=0.32 * len(labels) + 1.4, sharex=True, sharey=True)
     figure.set_figwidth(figure.get_figwidth() + 0.07 * max(map(len, labels)))  # room for the variant names
     for row, t in zip(axes, temps):
-        for ax, name in zip(row, names):
+        for ax, name in zip(row, benchmarks):
             for report in (r for r in reports if r["temperature"] == t and name in r["benchmarks"]):
                 entropy = report["benchmarks"][name].get("draft_entropy", {})
-                y = labels.index(variant(report))
+                y = labels.index(variant(report, names))
                 accepted, rejected = entropy.get("accepted"), entropy.get("rejected")
                 if accepted is not None and rejected is not None:
                     ax.plot([accepted, rejected], [y, y], color="0.7", zorder=1)
@@ -255,18 +312,18 @@ def plot_entropy(reports: list[dict]) -> Figure:
     return figure
 
 
-def plot_routing(reports: list[dict]) -> Figure | None:
+def plot_routing(reports: list[dict], names: Names = None) -> Figure | None:
     """Table 2 as bars: share of verifier calls routed to each drafter, per benchmark, one panel per routed report."""
-    routed_reports = routed(reports)
+    routed_reports = routed(ordered(reports, names))
     if not routed_reports:
         return None
     figure, axes = _grid(1, len(routed_reports), width=5.0, height=0.5 * len(benchmark_names(routed_reports)) + 1.8, sharey=True)
     for ax, report in zip(axes[0], routed_reports):
-        names = list(report["benchmarks"])
-        left = [0.0] * len(names)
+        benchmarks = list(report["benchmarks"])
+        left = [0.0] * len(benchmarks)
         for index, drafter in enumerate(routing_drafters(report)):
-            shares = [_share(report["benchmarks"][n].get("routing", {}), drafter) for n in names]
-            ax.barh(names, shares, left=left, color=f"C{index % 10}", label=drafter_name(drafter))
+            shares = [_share(report["benchmarks"][n].get("routing", {}), drafter) for n in benchmarks]
+            ax.barh(benchmarks, shares, left=left, color=f"C{index % 10}", label=drafter_label(drafter, names))
             left = [a + b for a, b in zip(left, shares)]
         ax.set_xlim(0, 1)
         ax.set_xlabel("share of verifier calls")
@@ -299,8 +356,9 @@ def interpolation_points(reports: list[dict]) -> dict[tuple[tuple[str, ...], flo
     return curves
 
 
-def plot_interpolation(reports: list[dict]) -> Figure | None:
-    """Figure 6: τ against the averaging weight λ, with the inference-time compositions of the same pair as reference lines."""
+def plot_interpolation(reports: list[dict], names: Names = None) -> Figure | None:
+    """Figure 6: τ against the averaging weight λ, with the inference-time compositions of the same pair as reference lines
+    (named in the legend, each in its own style, so that close lines keep legible names)."""
     curves = interpolation_points(reports)
     if not curves:
         return None
@@ -311,12 +369,12 @@ def plot_interpolation(reports: list[dict]) -> Figure | None:
             ax.plot(lambdas, [r["benchmarks"].get(name, {}).get("acceptance_length", float("nan")) for _, r in points],
                     marker=".", alpha=0.6, color=f"C{index % 10}", label=name)
         ax.plot(lambdas, [r["average_acceptance_length"] for _, r in points], marker="o", color="black", linewidth=2, label="average")
-        for other in reports:
-            if other["strategy"] not in ("single", "average") and sorted(other["drafters"]) == sorted(pair) and other["temperature"] == t:
-                ax.axhline(other["average_acceptance_length"], linestyle="--", color="0.4", linewidth=1)
-                ax.annotate(other["strategy"], (0.5, other["average_acceptance_length"]), xycoords=("axes fraction", "data"),
-                            ha="center", va="bottom", fontsize="small", color="0.3")
-        ax.set_xlabel(f"λ (weight of {drafter_name(pair[0])}; 1-λ: {drafter_name(pair[1])})", fontsize="small")
+        compositions = [r for r in ordered(reports, names) if r["strategy"] not in ("single", "average")
+                        and sorted(r["drafters"]) == sorted(pair) and r["temperature"] == t]
+        for index, other in enumerate(compositions):
+            ax.axhline(other["average_acceptance_length"], linestyle=("--", ":", "-.", (0, (5, 1, 1, 1)))[index % 4],
+                       color=f"{0.15 + 0.15 * (index % 4):.2f}", linewidth=1.2, label=f"{other['strategy']} (average)")
+        ax.set_xlabel(f"λ (weight of {drafter_label(pair[0], names)}; 1-λ: {drafter_label(pair[1], names)})", fontsize="small")
         ax.set_title(f"weight averaging, T={t:g}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
@@ -338,55 +396,119 @@ def _legend(figure: Figure, axes) -> None:
 # --- the report --------------------------------------------------------------------------------------
 
 
-def figures(reports: list[dict]) -> dict[str, Figure]:
+def figures(reports: list[dict], names: Names = None) -> dict[str, Figure]:
     """Every view these reports support, by file stem (routing and interpolation only when present)."""
-    drawn = {"tau": plot_tau(reports), "accept_by_depth": plot_accept_by_depth(reports), "draft_entropy": plot_entropy(reports),
-             "routing": plot_routing(reports), "interpolation": plot_interpolation(reports)}
+    drawn = {"tau": plot_tau(reports, names), "accept_by_depth": plot_accept_by_depth(reports, names),
+             "draft_entropy": plot_entropy(reports, names), "routing": plot_routing(reports, names),
+             "interpolation": plot_interpolation(reports, names)}
     return {name: figure for name, figure in drawn.items() if figure is not None}
 
 
-def markdown(reports: list[dict], images: Iterable[str]) -> str:
-    images = set(images)
-    first = reports[0]
-    tree = first.get("tree", {})
+FIGURES = {"tau": "τ by benchmark, with intervals", "routing": "routing decisions", "accept_by_depth": "acceptance by depth",
+           "draft_entropy": "draft entropy", "interpolation": "λ interpolation"}
+
+
+def markdown(reports: list[dict], images: Iterable[str], names: Names = None) -> str:
+    """The page: what the reports show first (best variants, whether the lead is resolved, caveats, figures), then the
+    paper's tables, each figure beside the table it draws."""
+    images = [name for name in FIGURES if name in set(images)]
+    trees = sorted({"/".join(str(r["tree"][k]) for k in ("total_tokens", "depth", "top_k")) for r in reports})
     parts = [
         "# taps-train report",
         f"{len(reports)} eval report(s); verifier {', '.join(sorted({str(r.get('verifier')) for r in reports}))}; "
-        f"tree {tree.get('total_tokens')} tokens, depth {tree.get('depth')}, top-k {tree.get('top_k')}.",
+        f"tree{'s' if len(trees) > 1 else ''} {', '.join(trees)} (total tokens/depth/top-k).",
+        "## What the reports show",
+        summary(reports, names),
+        "Figures: " + " · ".join(f"[{FIGURES[name]}]({name}.png)" for name in images) + ".",
         "## Acceptance length τ (Table 1)",
         tau_table_caption(reports),
-        tau_table(reports),
-        "![τ by benchmark](tau.png)",
+        tau_table(reports, names),
+        "![τ by benchmark, with intervals](tau.png)",
     ]
     if "routing" in images:
         parts.append("## Routing decisions (Table 2)\nVerifier calls whose tree came from each drafter.")
-        parts += [f"### {variant(r)}, T={r['temperature']:g}\n\n{routing_table(r)}" for r in routed(reports)]
+        parts += [f"### {variant(r, names)}, T={r['temperature']:g}\n\n{routing_table(r, names)}" for r in routed(ordered(reports, names))]
         parts.append("![routing](routing.png)")
     parts += ["## Acceptance rate by depth (Figure 8)", "![acceptance by depth](accept_by_depth.png)",
-              "## Draft entropy and confidence of accepted vs rejected tokens (Figure 7)", signal_table(reports),
+              "## Draft entropy and confidence of accepted vs rejected tokens (Figure 7)", signal_table(reports, names),
               "![draft entropy](draft_entropy.png)"]
     if "interpolation" in images:
-        parts += ["## Weight averaging: λ interpolation (Figure 6)", _interpolation_table(reports), "![interpolation](interpolation.png)"]
+        parts += ["## Weight averaging: λ interpolation (Figure 6)", _interpolation_table(reports, names), "![interpolation](interpolation.png)"]
     return "\n\n".join(parts) + "\n"
 
 
-def _interpolation_table(reports: list[dict]) -> str:
-    rows = [[f"{lam:g}", variant(r), f"{t:g}", f"{r['average_acceptance_length']:.2f}"]
+def summary(reports: list[dict], names: Names = None) -> str:
+    """Per temperature and benchmark: the variant with the longest τ, the runner-up, and whether the lead is resolved by
+    their paired interval on the same prompts; then the caveats that apply to every number of the page."""
+    rows = []
+    for t in temperatures(reports):
+        for benchmark in benchmark_names(reports):
+            ranked = sorted((r for r in ordered(reports, names) if r["temperature"] == t and benchmark in r["benchmarks"]),
+                            key=lambda r: -r["benchmarks"][benchmark]["acceptance_length"])
+            if not ranked:
+                continue
+            best = ranked[0]["benchmarks"][benchmark]
+            row = [f"{t:g}", benchmark, variant(ranked[0], names), tau_only_cell(best), "–", "–"]
+            if len(ranked) > 1:
+                second = ranked[1]["benchmarks"][benchmark]
+                row[4] = f"{variant(ranked[1], names)}: {second['acceptance_length']:.2f}"
+                row[5] = lead_cell(best, second)
+            rows.append(row)
+    table = markdown_table(["T", "benchmark", "longest τ", "τ [95% interval]", "runner-up", "lead [paired 95% interval]"], rows)
+    prompts = sorted({result["prompts"] for r in reports for result in r["benchmarks"].values()})
+    caveats = [f"{'/'.join(map(str, prompts))} prompts per benchmark; every interval is a {LEVEL:.0%} {METHOD}: it holds the "
+               "prompts' variation, not training's (one fit per drafter: another seed or machine moves τ too)."]
+    if timed(reports):
+        caveats.append(machine_caveat(reports))
+    return table + "\n\n" + "\n".join(f"- {caveat}" for caveat in caveats)
+
+
+def lead_cell(best: dict, second: dict) -> str:
+    """`+0.12 [+0.03, +0.21] resolved` when both results have per-prompt counts for the same prompts, else `+0.12`."""
+    lead = best["acceptance_length"] - second["acceptance_length"]
+    counts = [(r.get("prompt_new_tokens"), r.get("prompt_verify_calls")) for r in (best, second)]
+    if any(c is None for pair in counts for c in pair) or len(counts[0][0]) != len(counts[1][0]):
+        return f"{lead:+.2f}"
+    interval = paired_difference_interval([(PromptCounts(*counts[0]), PromptCounts(*counts[1]))])
+    if interval is None:
+        return f"{lead:+.2f}"
+    return f"{lead:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}] " + ("resolved" if interval[0] > 0 else "not resolved")
+
+
+def machine_caveat(reports: list[dict]) -> str:
+    """Which machines timed the speedups: one (comparable), several, or not recorded (then not ranked across reports)."""
+    timed_reports = [r for r in reports if any(res.get("speedup") is not None for res in r["benchmarks"].values())]
+    machines = {machine_label(r.get("machine")) for r in timed_reports if r.get("machine")}
+    unknown = sum(1 for r in timed_reports if not r.get("machine"))
+    if len(machines) == 1 and not unknown:
+        return f"Speedups timed on one machine: {next(iter(machines))}."
+    said = [f"{len(machines)} machines ({'; '.join(sorted(machines))})"] if machines else []
+    said += [f"{unknown} report(s) that do not record theirs (written before taps-train recorded it)"] if unknown else []
+    return (f"Speedups come from {' and '.join(said)}: a speedup depends on the CPU or GPU and its load, so compare "
+            "speedups measured in one sitting on one machine, not across these reports.")
+
+
+def machine_label(machine: Mapping) -> str:
+    return f"{machine.get('processor', '?')}, {machine.get('threads', '?')} threads"
+
+
+def _interpolation_table(reports: list[dict], names: Names = None) -> str:
+    rows = [[f"{lam:g}", variant(r, names), f"{t:g}", average_cell(r)]
             for (_, t), points in interpolation_points(reports).items() for lam, r in points]
-    return markdown_table(["λ", "variant", "T", "average τ"], rows)
+    return markdown_table(["λ", "variant", "T", "average τ [95% interval]"], rows)
 
 
-def write_report(paths: Iterable[str | Path], out: str | Path) -> list[Path]:
+def write_report(paths: Iterable[str | Path], out: str | Path, names: Names = None) -> list[Path]:
     """PNGs of every view plus report.md (tables and the images) in `out`; returns the files written."""
     out = writable_directory(out, "--out", "pass a directory (new or existing) for the PNGs and report.md")
     reports = load_reports(paths)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    drawn = figures(reports)
+    drawn = figures(reports, names)
     for name, figure in drawn.items():
         written.append(out / f"{name}.png")
         with files.atomic_file(written[-1]) as tmp:
             figure.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
     written.append(out / "report.md")
-    files.write_text(written[-1], markdown(reports, drawn))
+    files.write_text(written[-1], markdown(reports, drawn, names))
     return written

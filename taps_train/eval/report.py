@@ -15,7 +15,7 @@ from typing import Any
 
 from taps_train.errors import TapsError
 from taps_train.paths import read_at_most
-from taps_train.eval.intervals import PromptCounts
+from taps_train.eval.intervals import PromptCounts, mean_tau_interval, tau_interval
 from taps_train.decoding.tree import TreeConfig
 
 MAX_REPORT_BYTES = 16 * 2**20  # a report of many benchmarks is a few KB; more is not a report
@@ -103,6 +103,7 @@ class EvalReport:
     tree_calibration: Mapping[str, Any] | None = None  # what `--tree auto` measured and chose (its `tree` is the choice)
     engine: Mapping[str, Any] | None = None  # `--engine vllm`: the engine, its version and how it served the drafter
     speculation_gate: Mapping[str, Any] | None = None  # when rounds could fall back to plain decoding: the gate's settings
+    machine: Mapping[str, Any] | None = None  # what timed it (taps_train/machine.py); absent from older reports
 
     def as_dict(self) -> dict:
         """The JSON object of the file, keys in the order the contract lists them."""
@@ -117,6 +118,8 @@ class EvalReport:
             data["engine"] = self.engine
         if self.speculation_gate is not None:
             data["speculation_gate"] = self.speculation_gate
+        if self.machine is not None:
+            data["machine"] = self.machine
         return data
 
     def to_json(self) -> str:
@@ -125,16 +128,32 @@ class EvalReport:
 
 
 def tau_cell(result: dict) -> str:
-    """τ ± the half-width of its 95% interval (when the report has one), verified tree tokens per call, and the
-    speedup over plain decoding with its interval (when the report has a baseline)."""
+    """τ with its 95% interval (when the report can give one), verified tree tokens per call, and the speedup over
+    plain decoding with its interval (when the report has a baseline)."""
     speedup = speedup_cell(result)
-    return tau_only_cell(result) + (f" {speedup}" if speedup != "–" else "")
+    return f"{tau_only_cell(result)} ({result['mean_tree_tokens']:.0f})" + (f" {speedup}" if speedup != "–" else "")
 
 
 def tau_only_cell(result: dict) -> str:
-    low, high = result.get("tau_ci95") or (None, None)
-    spread = f" ± {(high - low) / 2:.2f}" if low is not None else ""
-    return f"{result['acceptance_length']:.2f}{spread} ({result['mean_tree_tokens']:.0f})"
+    """`2.50 [2.40, 2.60]`: τ and its interval (`tau_interval_of`), or τ alone."""
+    interval = tau_interval_of(result)
+    return f"{result['acceptance_length']:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
+def tau_interval_of(result: dict) -> tuple[float, float] | None:
+    """A benchmark's τ interval by this version's method (eval.intervals) from its per-prompt counts, so that every
+    interval of a page comes from one method; the recorded `tau_ci95` for reports without counts."""
+    if result.get("prompt_new_tokens") is not None and result.get("prompt_verify_calls") is not None:
+        return tau_interval(PromptCounts(result["prompt_new_tokens"], result["prompt_verify_calls"]))
+    return tuple(result["tau_ci95"]) if result.get("tau_ci95") else None
+
+
+def average_tau_interval(report: dict) -> tuple[float, float] | None:
+    """The interval of a report's average τ over its benchmarks; None unless every benchmark has per-prompt counts."""
+    results = report["benchmarks"].values()
+    if not results or any(r.get("prompt_new_tokens") is None or r.get("prompt_verify_calls") is None for r in results):
+        return None
+    return mean_tau_interval([PromptCounts(r["prompt_new_tokens"], r["prompt_verify_calls"]) for r in results])
 
 
 def speedup_cell(result: dict) -> str:
@@ -270,6 +289,7 @@ def _eval_report(report: _Object) -> EvalReport:
         tree_calibration=report.object("tree_calibration").data if report.present("tree_calibration") else None,
         engine=report.object("engine").data if report.present("engine") else None,
         speculation_gate=report.object("speculation_gate").data if report.present("speculation_gate") else None,
+        machine=report.object("machine").data if report.present("machine") else None,
     )
 
 

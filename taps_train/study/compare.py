@@ -25,6 +25,7 @@ def read_claims(path: str | Path) -> dict[tuple[str, str, str, str, str], tuple[
         match = CLAIM_ROW.match(line.strip())
         if match:
             question, backbone, temperature, better, worse, where, interval, verdict = (part.strip() for part in match.groups())
+            where = where.split(", n=")[0]  # reports since the interval method changed name each interval's prompts
             claims[question, backbone, temperature, generic_claim(question, better, worse), where] = (f"{interval} ({better} > {worse})", verdict)
     if not claims:
         raise TapsError(f"compare_with: {path} holds no claims table (rows such as '| RQ1 | eagle2 | 0 | math > chat | "

@@ -51,6 +51,7 @@ def test_eval_writes_one_contract_report_per_temperature(checkpoint, random_veri
         report = json.loads(path.read_text())
         assert REPORT_KEYS <= set(report) and report["temperature"] == float(temperature)
         assert report["tree"] == {"total_tokens": 12, "depth": 2, "top_k": 3}
+        assert report["machine"]["threads"] >= 1 and report["machine"]["processor"]  # what timed it, for readers comparing speedups
         for name in ("gsm8k", "mt_bench"):
             result = report["benchmarks"][name]
             assert BENCHMARK_KEYS <= set(result)

@@ -11,6 +11,9 @@ from taps_train.eval.plots import (
     drafter_name,
     interpolation_points,
     load_reports,
+    machine_caveat,
+    plot_interpolation,
+    plot_tau,
     tau_table,
     variant,
 )
@@ -62,10 +65,12 @@ def test_report_command_writes_every_view(tmp_path, capsys):
     for png in (tmp_path / "out").glob("*.png"):
         assert png.read_bytes().startswith(PNG) and png.stat().st_size > 10_000
     page = (tmp_path / "out" / "report.md").read_text()
-    assert "| variant | T=0 gsm8k | T=0 mt_bench | T=0 average | T=1 gsm8k |" in page
-    assert "| merge: hass_math/last + hass_chat/last | 5.40 (58) | 4.10 (58) | 4.75 |" in page
+    assert page.index("## What the reports show") < page.index("## Acceptance length τ (Table 1)")  # the findings first
+    assert "| 0 | gsm8k | merge (hass_math/last + hass_chat/last) | 5.40 | hass_math/last: 5.00 | +0.40 |" in page
+    assert "| variant | T=0 gsm8k τ (n=4) | T=0 mt_bench τ (n=4) | T=0 average τ | T=1 gsm8k τ (n=4) |" in page
+    assert "| merge (hass_math/last + hass_chat/last) | 5.40 | 4.10 | 4.75 |" in page
     assert "| gsm8k | 40 (80.0%) | 10 (20.0%) | 50 |" in page  # Table 2
-    assert "| 0.75 | average λ=0.75/0.25: hass_math/last + hass_chat/last | 0 | 2.49 |" in page  # Figure 6's numbers
+    assert "| 0.75 | average λ=0.75/0.25 (hass_math/last + hass_chat/last) | 0 | 2.49 |" in page  # Figure 6's numbers
     for image in ("tau", "accept_by_depth", "draft_entropy", "routing", "interpolation"):
         assert f"({image}.png)" in page
     assert "wrote" in capsys.readouterr().out
@@ -114,7 +119,7 @@ def test_notebook_executes_headless_on_a_folder_of_reports(tmp_path):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 5
     markdown = "".join(o["data"].get("text/markdown", "") for o in outputs if "data" in o)
-    assert "| merge: hass_math/last + hass_chat/last |" in markdown
+    assert "| merge (hass_math/last + hass_chat/last) |" in markdown
 
 
 def test_tau_table_puts_a_speedup_column_next_to_each_tau_when_reports_measured_it(tmp_path):
@@ -122,6 +127,58 @@ def test_tau_table_puts_a_speedup_column_next_to_each_tau_when_reports_measured_
     timed["benchmarks"]["gsm8k"].update(speedup=1.16, speedup_ci95=[1.09, 1.22], tokens_per_s=23.2, baseline_tokens_per_s=20.0)
     untimed = report([CHAT], "single", 0.0, 1.2, 2.0)
     table = tau_table([timed, untimed])
-    assert table.splitlines()[0] == "| variant | T=0 gsm8k | T=0 gsm8k speedup | T=0 mt_bench | T=0 mt_bench speedup | T=0 average |"
-    assert "| hass_math/last | 2.50 (58) | 1.16× \\[1.09, 1.22\\] | 1.50 (58) | – | 2.00 |" in table
+    assert table.splitlines()[0] == ("| variant | T=0 gsm8k τ (n=4) | T=0 gsm8k speedup | T=0 mt_bench τ (n=4) | T=0 mt_bench speedup | "
+                                     "T=0 average τ | tree tokens per call |")
+    assert "| hass_math/last | 2.50 | 1.16× \\[1.09, 1.22\\] | 1.50 | – | 2.00 | 58 |" in table
     assert "speedup" not in tau_table([untimed])  # no baseline anywhere: no speedup columns
+
+
+def counted(data: dict, new: list[int], calls: list[int]) -> dict:
+    """`data` with per-prompt counts on every benchmark (its pooled fields made to fit them)."""
+    for result in data["benchmarks"].values():
+        result.update(prompt_new_tokens=new, prompt_verify_calls=calls, prompts=len(new), new_tokens=sum(new), verify_calls=sum(calls),
+                      acceptance_length=sum(new) / sum(calls))
+    data["average_acceptance_length"] = sum(new) / sum(calls)
+    return data
+
+
+def test_readable_names_come_in_a_fixed_order_with_the_files_in_a_column_and_every_interval_from_the_counts():
+    merged = counted(report([MATH, CHAT], "merge", 0.0, 0, 0), [31] * 8, [14, 15, 13, 16, 14, 15, 13, 16])
+    chat = counted(report([CHAT], "single", 0.0, 0, 0), [31] * 8, [19, 20, 18, 26, 18, 19, 26, 19])
+    math = counted(report([MATH], "single", 0.0, 0, 0), [31] * 8, [15, 16, 14, 17, 15, 16, 14, 17])
+    names = {"hass_math/last": "math specialist", "hass_chat/last": "chat specialist"}
+    rows = tau_table([merged, chat, math], names).splitlines()
+    assert rows[0].startswith("| variant | drafters | T=0 gsm8k τ (n=8) |")
+    assert [row.split(" | ")[0] for row in rows[2:]] == ["| math specialist", "| chat specialist", "| merge (math specialist + chat specialist)"]
+    assert "| chat specialist | hass_chat/last | 1.50 \\[1.29, 1.71\\] |" in rows[3]  # the jackknife interval of its counts
+    assert variant(merged, names) == "merge (math specialist + chat specialist)"
+
+
+def test_tau_bars_carry_their_intervals_as_error_bars():
+    reports = [counted(report([MATH], "single", t, 0, 0), [31] * 8, [15, 16, 14, 17, 15, 16, 14, 17]) for t in (0.0, 1.0)]
+    reports.append(report([CHAT], "single", 0.0, 4.0, 3.0))  # no counts: no interval, no error bar
+    figure = plot_tau(reports)
+    bars = [container for ax in figure.axes for container in ax.containers if getattr(container, "errorbar", None) is not None]
+    assert len(bars) == 3
+    drawn = [segments for container in bars for line in container.errorbar.lines[2] for segments in [line.get_segments()]]
+    spans = sorted(round(float(segment[1][1] - segment[0][1]), 3) for group in drawn for segment in group)
+    assert spans.count(0.0) == 3 and max(spans) > 0.1  # the counted drafter's bars span its intervals; the other's are flat
+
+
+def test_machines_of_timed_reports_are_named_and_speedups_not_ranked_across_them():
+    a, b, old = (report([MATH], "single", 0.0, 2.5, 1.5) for _ in range(3))
+    for data in (a, b, old):
+        data["benchmarks"]["gsm8k"].update(speedup=1.1, speedup_ci95=[1.0, 1.2], tokens_per_s=11.0, baseline_tokens_per_s=10.0)
+    a["machine"] = {"processor": "AMD EPYC 9R14", "flags": ["avx2", "avx512_bf16"], "threads": 2, "torch": "2.13.0"}
+    b["machine"] = {**a["machine"], "processor": "Intel Xeon 8488C"}
+    assert machine_caveat([a]) == "Speedups timed on one machine: AMD EPYC 9R14, 2 threads."
+    said = machine_caveat([a, b, old])
+    assert "2 machines (AMD EPYC 9R14, 2 threads; Intel Xeon 8488C, 2 threads)" in said and "1 report(s) that do not record theirs" in said
+    assert "not across these reports" in said
+
+
+def test_interpolation_names_its_reference_lines_in_the_legend_not_on_the_plot(tmp_path):
+    figure = plot_interpolation(load_reports([write_reports(tmp_path / "reports")]))
+    assert not [text for ax in figure.axes for text in ax.texts]  # labels on the lines overlapped where two lines were close
+    labels = {label for ax in figure.axes for label in ax.get_legend_handles_labels()[1]}
+    assert {"merge (average)", "route-confidence (average)", "average"} <= labels

@@ -112,8 +112,9 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
 
     main(["study", "--config", str(config)])  # nothing left to run: writes the report
     report = (tmp_path / "published" / "report.md").read_text()
-    assert " ± " in report and "## Study micro: the paper's orderings" in report
-    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k |" in report and "| RQ3 | eagle2 | 0 | merge > route-confidence | average |" in report
+    assert report.index("## What was found") < report.index("### Caveats") < report.index("## Acceptance length τ") < report.index("## Study micro: the paper's orderings")
+    assert "**Tally**: " in report and "| RQ3 | best single > uniform average;" in report
+    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k, n=2 |" in report and "| RQ3 | eagle2 | 0 | merge > route-confidence | average, n=2 |" in report
     evals = sorted(p.stem for p in (study.out_dir / "eval" / "eagle2").glob("*.json"))
     assert evals == ["a", "average_lambda0.5", "b", "merge", "route-confidence"]
     calibrated = json.loads((study.out_dir / "eval_auto" / "eagle2" / "a.json").read_text())
@@ -122,9 +123,10 @@ def test_killed_study_resumes_without_redoing_finished_cells_and_reports(study, 
         assert json.loads((study.out_dir / "eval_auto" / "eagle2" / f"{name}.json").read_text())["tree"] == calibrated["tree"]
     tree = "/".join(str(calibrated["tree"][key]) for key in ("total_tokens", "depth", "top_k"))
     auto_report = (tmp_path / "published" / "auto_tree" / "report.md").read_text()
-    assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"[eagle2](eagle2/report.md) (tree {tree})" in auto_report
+    assert "## Study micro: the paper's orderings (auto tree)" in auto_report and f"trees as total tokens/depth/top-k: eagle2 {tree}." in auto_report
+    assert "- [eagle2](eagle2/report.md): its tables and figures ([τ by benchmark, with intervals](eagle2/tau.png)" in auto_report
     assert (tmp_path / "published" / "auto_tree" / "eagle2" / "tau.png").is_file()  # each backbone's figures on its own page
-    assert "| merge: eagle2_a/last + eagle2_b/last |" in (tmp_path / "published" / "eagle2" / "report.md").read_text()
+    assert "| merge (a specialist + b specialist) | eagle2_a/last + eagle2_b/last |" in (tmp_path / "published" / "eagle2" / "report.md").read_text()
 
     # A changed recipe reruns its fit and every evaluation reading that drafter, nothing else.
     Path(study.domains["b"].recipe).write_text(Path(study.domains["b"].recipe).read_text().replace("count: 16", "count: 12"))
@@ -349,12 +351,12 @@ def test_findings_say_which_orderings_the_intervals_support(study):
     fake_report(out / "merge.json", "merge", {"gsm8k": noisy, "mt_bench": noisy})
     fake_report(out / "route-entropy.json", "route-entropy", {"gsm8k": [(n + 3, c) for n, c in strong], "mt_bench": strong})
     text = markdown(study, study_reports(study))
-    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k | +0.500 [+0.500, +0.500] | supported |" in text
-    assert "| RQ1 | eagle2 | 0 | b > a | mt_bench | +0.500 [+0.500, +0.500] | supported |" in text
-    assert "| RQ3 | eagle2 | 0 | route-confidence > a | average | +0.250 [+0.250, +0.250] | supported |" in text
+    assert "| RQ1 | eagle2 | 0 | a > b | gsm8k, n=20 | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| RQ1 | eagle2 | 0 | b > a | mt_bench, n=20 | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| RQ3 | eagle2 | 0 | route-confidence > a | average, n=20 | +0.250 [+0.250, +0.250] | supported |" in text
     merge = next(line for line in text.splitlines() if "merge > route-confidence" in line)
     assert merge.endswith("| not resolved |")
-    assert "| RQ4 | eagle2 | 0 | route-confidence > route-entropy | average | -0.150 [-0.150, -0.150] | contradicted |" in text
+    assert "| RQ4 | eagle2 | 0 | route-confidence > route-entropy | average, n=20 | -0.150 [-0.150, -0.150] | contradicted |" in text
     assert "| eagle2 | 0 | a | gsm8k | 1.00 / 2.00 | 0.60 0.40 |" in text
     assert "> average |" not in text  # no uniform-average report: that claim is left out, not guessed
 
@@ -400,8 +402,8 @@ def test_backbones_are_compared_drafter_for_drafter_the_later_method_claimed_bet
         fake_report(study.out_dir / "eval" / backbone / "a.json", "a", {"gsm8k": a})
         fake_report(study.out_dir / "eval" / backbone / "b.json", "b", {"mt_bench": b})
     text = markdown(study, study_reports(study))
-    assert "| 0 | a | gsm8k | hass > eagle2 | +0.500 [+0.500, +0.500] | supported |" in text
-    assert "| 0 | b | mt_bench | hass > eagle2 | -0.500 [-0.500, -0.500] | contradicted |" in text
+    assert "| 0 | a | gsm8k, n=20 | hass > eagle2 | +0.500 [+0.500, +0.500] | supported |" in text
+    assert "| 0 | b | mt_bench, n=20 | hass > eagle2 | -0.500 [-0.500, -0.500] | contradicted |" in text
     assert "eagle2 > hass" not in text
 
 
