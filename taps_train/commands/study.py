@@ -47,5 +47,5 @@ def run(args: list[str]) -> None:
             print(f"no evaluation at the {tree} tree has finished yet: no report for it")
             continue
         written = write_study_report(study, tree, pending)
-        print(f"wrote {len(written)} files to {report_dir(study, tree)} ({tree} tree; report.md: every variant's τ with intervals, the "
-              "paper's orderings, links to each backbone's tables and figures)")
+        print(f"wrote {len(written)} files to {report_dir(study, tree)} ({tree} tree; report.md: what was found and its "
+              "caveats first, then every variant's τ with intervals, the paper's orderings and the controls)")

@@ -377,8 +377,8 @@ def plot_interpolation(reports: list[dict], names: Names = None) -> Figure | Non
         ax.set_xlabel(f"λ (weight of {drafter_label(pair[0], names)}; 1-λ: {drafter_label(pair[1], names)})", fontsize="small")
         ax.set_title(f"weight averaging, T={t:g}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
     axes[0][0].set_ylabel("acceptance length τ")
+    _legend(figure, axes)  # beside the panels: inside them it covered the curves
     figure.suptitle("Checkpoint averaging: interpolation sweep (Figure 6)")
     return figure
 
