@@ -182,3 +182,15 @@ def test_interpolation_names_its_reference_lines_in_the_legend_not_on_the_plot(t
     assert not [text for ax in figure.axes for text in ax.texts]  # labels on the lines overlapped where two lines were close
     labels = {label for ax in figure.axes for label in ax.get_legend_handles_labels()[1]}
     assert {"merge (average)", "route-confidence (average)", "average"} <= labels
+
+
+def test_report_command_names_drafters_for_readers_and_refuses_names_of_no_drafter(tmp_path, capsys):
+    reports = write_reports(tmp_path / "reports")
+    main(["report", str(reports), "--out", str(tmp_path / "out"), "--name", "hass_math/last=math specialist", "--name",
+          "hass_chat/last = chat specialist"])
+    page = (tmp_path / "out" / "report.md").read_text()
+    assert "| math specialist | hass_math/last | 5.00 |" in page and "| merge (math specialist + chat specialist) | hass_math/last + hass_chat/last |" in page
+    for bad, message in (("hass_math/last", "write RUN/CHECKPOINT=NAME"), ("nowhere/last=x", "no report has a drafter nowhere/last")):
+        with pytest.raises(SystemExit):
+            main(["report", str(reports), "--out", str(tmp_path / "out"), "--name", bad])
+        assert message in capsys.readouterr().err
