@@ -8,11 +8,11 @@ read by argparse. Errors the user can fix (`TapsError`) print as one line, never
 import errno
 import importlib
 import re
-import resource
 import sys
 from dataclasses import dataclass
 
 from taps_train.errors import TapsError
+from taps_train.memory import address_space_limit, check_loadable
 from taps_train.paths import checked_home
 from taps_train.units import size
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         checked_home()
-        checked_memory_limit()
+        check_loadable()
         module = importlib.import_module(command.module)
         if command.module == LIGHTNING:
             # LightningCLI reads sys.argv itself; pass args only when called from Python.
@@ -82,17 +82,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-MIN_ADDRESS_SPACE = 1 << 30  # below ~0.7 GB, importing PyTorch itself fails (OpenBLAS aborts, libraries fail to map)
-
-
-def checked_memory_limit() -> None:
-    """Refuse a process limit too small to load PyTorch at all, where the failure would be an abort, not an error."""
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit != resource.RLIM_INFINITY and limit < MIN_ADDRESS_SPACE:
-        raise TapsError(f"this process may use {size(limit)} of memory (ulimit -v) and taps-train needs at least {size(MIN_ADDRESS_SPACE)} "
-                        "to load PyTorch; raise the limit")
-
-
 def out_of_memory(err: BaseException | None, command: str) -> str | None:
     """A process that ran out of memory (Python's MemoryError, torch's allocator, a library that could not be mapped)
     as one line: how much was asked for where it says, the process's limit where it has one; None for other errors."""
@@ -107,8 +96,8 @@ def out_of_memory(err: BaseException | None, command: str) -> str | None:
     else:
         return None
     asked = re.search(r"allocate (\d+) bytes", text) or re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", text)
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    limit = address_space_limit()
     wanted = (size(int(asked[1])) if asked[1].isdigit() else asked[1]) if asked else None
     return (f"out of memory in `taps-train {command}`" + (f": it asked for {wanted} more" if wanted else "")
-            + (f" within this process's limit of {size(limit)} (ulimit -v)" if limit != resource.RLIM_INFINITY else "")
+            + (f" within this process's limit of {size(limit)} (ulimit -v)" if limit is not None else "")
             + "; free memory, raise the limit, or lower the batch or model size. Nothing half-written was kept")

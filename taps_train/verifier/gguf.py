@@ -26,6 +26,7 @@ from rich.console import Console
 from taps_train.errors import TapsError, first_line
 from taps_train.files import atomic_directory, exclusive, recover_directory
 from taps_train.home import taps_home
+from taps_train.memory import address_space_limit, check_address_space
 from taps_train.verifier.builds import check_files, write_manifest
 from taps_train.verifier.fingerprint import memoized_sha256
 from taps_train.verifier.portable import save_portable
@@ -107,6 +108,7 @@ def _convert(source: Path, digest: str, dtype: str, out_dir: Path) -> None:
     """Convert in a staging directory renamed into place at the end: a failure or interrupt leaves nothing behind
     (a kill, nothing that the next conversion does not remove)."""
     began = time.perf_counter()
+    _check_memory(source)
     console.print(f"converting {source} to a Hugging Face directory ({dtype}; once, reused afterwards)")
     tokenizer, quantized = _read_gguf(source)
     config = quantized.config
@@ -128,6 +130,27 @@ def _convert(source: Path, digest: str, dtype: str, out_dir: Path) -> None:
     except OSError as err:
         raise TapsError(f"cannot write the converted GGUF verifier to {out_dir}: {first_line(err)}; free disk space or set TAPS_HOME") from err
     console.print(f"GGUF verifier ready at {out_dir} ({manifest['parameters']:,} parameters, {time.perf_counter() - began:.1f} s)")
+
+
+# Converting SmolLM2-135M (0.54 GB in float32) raised the process's address space by 1.55 GB at its peak: the
+# dequantised tensors, the model built from them and the copy written out.
+CONVERSION_COPIES = 3
+
+
+def _check_memory(source: Path) -> None:
+    """Under a memory limit (ulimit -v) too small for the conversion, dequantisation segfaults rather than raising:
+    refuse it first, from the parameter count in the file's header."""
+    if address_space_limit() is None:
+        return
+    try:
+        from gguf import GGUFReader
+
+        parameters = sum(int(tensor.n_elements) for tensor in GGUFReader(source).tensors)
+    except ImportError as err:
+        raise TapsError(f"reading GGUF files needs the gguf package: pip install gguf ({first_line(err)})") from err
+    except GGUF_READ_ERRORS:
+        return  # a damaged file: _read_gguf refuses it in its own words
+    check_address_space(CONVERSION_COPIES * 4 * parameters, f"converting {source} ({parameters:,} parameters, dequantised to float32)")
 
 
 def _read_gguf(source: Path):

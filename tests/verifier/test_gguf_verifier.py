@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from taps_train.cli import main
 from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.errors import TapsError
+from taps_train.memory import address_space_used
 from taps_train.verifier import gguf as gguf_verifier
 from taps_train.verifier.gguf import MANIFEST, ensure_gguf_verifier
 from taps_train.verifier.loading import load_verifier, resolve_verifier_path
@@ -393,3 +394,18 @@ def test_smollm2_replies_and_stops_at_its_end_of_turn(capsys):
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100_000
     assert config["tie_word_embeddings"] is True
     assert len(tokenizer) == 49152 and tokenizer.eos_token == IM_END
+
+
+def test_a_memory_limit_too_small_for_the_conversion_is_refused_before_it_starts(f32_file, llama, home, monkeypatch):
+    """Past the limit dequantisation segfaults (measured on SmolLM2 under `ulimit -v` 1.3 GB): the need is checked first."""
+    used = address_space_used()
+    parameters = sum(p.numel() for p in llama.parameters())
+    monkeypatch.setattr(gguf_verifier, "address_space_limit", lambda: used + parameters * 4)  # room for one copy, not three
+    monkeypatch.setattr("taps_train.memory.address_space_limit", lambda: used + parameters * 4)
+    with pytest.raises(TapsError) as err:
+        ensure_gguf_verifier(str(f32_file))
+    assert f"({parameters:,} parameters, dequantised to float32) needs about" in one_line(err) and "(ulimit -v)" in one_line(err)
+    assert not leftovers(home)
+    monkeypatch.setattr(gguf_verifier, "address_space_limit", lambda: None)
+    monkeypatch.setattr("taps_train.memory.address_space_limit", lambda: None)
+    assert ensure_gguf_verifier(str(f32_file)).is_dir()  # unlimited: converted
