@@ -16,6 +16,7 @@ when a genuine export does not agree or a control is not caught (after writing i
 
 import argparse
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -151,7 +152,7 @@ def markdown(report: dict) -> str:
 
 
 def _row(row: dict, first: list[str]) -> str:
-    low, high = row["tau_difference_ci95"]
+    low, high = row["tau_difference_ci95"] or (math.nan, math.nan)  # None: one prompt, no interval
     return "| " + " | ".join(first + [
         "yes" if not row["load_problems"] else "no: " + "; ".join(row["load_problems"]),
         f"{row['outputs_equal_greedy']}/{row['prompts']}",

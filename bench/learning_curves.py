@@ -2,7 +2,7 @@
 
 One long run per training-set size (the first N conversations of one recipe: prefixes, so every size reads the same
 regenerated replies and feature cache), checkpoints kept along it, every checkpoint evaluated as a user would
-(`taps-train eval`: `--tree auto` with its speedup, chains in vLLM, ...), each point with its bootstrap interval. The
+(`taps-train eval`: `--tree auto` with its speedup, chains in vLLM, ...), each point with its interval over prompts. The
 report (markdown + PNG) says what a log-linear fit of τ over the training-set size predicts at 10x and 100x the data.
 
 Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
@@ -184,7 +184,7 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Learning curves: {curves.name}", "",
              f"Fit config `{curves.fit_config}` on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
-             f"checkpoints at steps {curves.steps}; τ at T=0 with 95% bootstrap intervals over prompts. Reproduce: "
+             f"checkpoints at steps {curves.steps}; τ at T=0 with 95% intervals over prompts (taps_train.eval.intervals). Reproduce: "
              f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
     benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
     for evaluation in curves.evaluations:

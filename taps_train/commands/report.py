@@ -21,6 +21,8 @@ def run(args: list[str]) -> None:
         if not separator or not key.strip() or not name.strip():
             raise TapsError(f"--name {item!r}: write RUN/CHECKPOINT=NAME, e.g. smol_eagle2_math/last='math specialist'")
         names[key.strip()] = name.strip()
+    if len(set(names.values())) < len(names):
+        raise TapsError(f"--name: two drafters share a name ({', '.join(sorted(names.values()))}); give each its own")
     known = {drafter_name(d) for report in load_reports(options.reports) for d in report["drafters"]}
     if unknown := [key for key in names if key not in known]:
         raise TapsError(f"--name: no report has a drafter {', '.join(unknown)}; the drafters are {', '.join(sorted(known))}")

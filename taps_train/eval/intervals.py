@@ -101,7 +101,7 @@ def speedup_interval(speeds: PromptSpeeds, level: float = LEVEL) -> tuple[float,
 
 def t_quantile(p: float, freedom: float) -> float:
     """Student's t quantile: exact for 1 and 2 degrees of freedom, the Cornish-Fisher expansion in 1/ν above
-    (Abramowitz & Stegun 26.7.5: within 0.2% at ν = 3, 1e-5 at ν = 7); a fractional ν below 3 rounds down (wider)."""
+    (Abramowitz & Stegun 26.7.5: within 0.2% at ν = 3, 5e-5 at ν = 7); a fractional ν below 3 rounds down (wider)."""
     if freedom < 3:
         freedom = max(1, math.floor(freedom))
         return math.tan(math.pi * (p - 0.5)) if freedom == 1 else (2 * p - 1) / math.sqrt(2 * p * (1 - p))
@@ -117,19 +117,23 @@ def _ratio(new: np.ndarray, calls: np.ndarray) -> float:
 
 
 def _log_speedup(tokens: np.ndarray, seconds: np.ndarray, baseline_tokens: np.ndarray, baseline_seconds: np.ndarray) -> float:
-    return math.log(tokens.sum() / seconds.sum() * baseline_seconds.sum() / baseline_tokens.sum())
+    sums = [values.sum() for values in (tokens, seconds, baseline_tokens, baseline_seconds)]
+    return math.log(sums[0] / sums[1] * sums[3] / sums[2]) if min(sums) > 0 else math.nan  # nan: no interval
 
 
 def _jackknife(parts: Sequence[tuple[np.ndarray, ...]], statistic: Statistic, level: float) -> tuple[float, float] | None:
     """t-interval of the mean over `parts` (benchmarks, independent) of `statistic`, each part's standard error its
-    jackknife over prompts; None when a part has fewer than two prompts."""
-    if any(len(arrays[0]) < 2 for arrays in parts):
+    jackknife over prompts; None without parts, when a part has fewer than two prompts, or when leaving a prompt out
+    leaves the statistic undefined (a speedup of prompts that emitted nothing)."""
+    if not parts or any(len(arrays[0]) < 2 for arrays in parts):
         return None
     estimates, variances, freedoms = [], [], []
     for arrays in parts:
         n = len(arrays[0])
         left_out = np.array([statistic(*(np.delete(values, i) for values in arrays)) for i in range(n)])
         estimates.append(statistic(*arrays))
+        if not (np.isfinite(left_out).all() and math.isfinite(estimates[-1])):
+            return None
         variances.append((n - 1) / n * float(((left_out - left_out.mean()) ** 2).sum()))
         freedoms.append(n - 1)
     estimate, variance = sum(estimates) / len(parts), sum(variances) / len(parts) ** 2

@@ -177,8 +177,8 @@ def average_cell(report: dict) -> str:
 
 
 def tau_table_caption(reports: list[dict]) -> str:
-    return (f"τ = tokens emitted per verifier call, with its {LEVEL:.0%} interval ({METHOD}; n = prompts per benchmark); the "
-            "average's interval resamples each benchmark's prompts" + ("; speedup = tokens/s over plain decoding of the same "
+    return (f"τ = tokens emitted per verifier call, with its {LEVEL:.0%} interval ({METHOD}; n = prompts per benchmark; a report "
+            "without per-prompt counts shows the interval it recorded); the average's interval combines its benchmarks'" + ("; speedup = tokens/s over plain decoding of the same "
                                                                      "verifier on the same prompts, with its 95% interval as the "
                                                                      "report recorded it." if timed(reports) else "."))
 
@@ -245,7 +245,9 @@ def plot_tau(reports: list[dict], names: Names = None) -> Figure:
             results = [report["benchmarks"].get(n) for n in benchmarks]
             values = [r["acceptance_length"] if r else float("nan") for r in results] + [report["average_acceptance_length"]]
             intervals = [tau_interval_of(r) if r else None for r in results] + [average_tau_interval(report)]
-            errors = [[v - i[0] if i else 0.0 for v, i in zip(values, intervals)], [i[1] - v if i else 0.0 for v, i in zip(values, intervals)]]
+            # an older report's pooled τ may sit outside the interval of its per-prompt counts (turns it skipped): no negative bar
+            errors = [[max(0.0, v - i[0]) if i else 0.0 for v, i in zip(values, intervals)],
+                      [max(0.0, i[1] - v) if i else 0.0 for v, i in zip(values, intervals)]]
             ax.bar([x + (index - (len(table) - 1) / 2) * width for x in range(len(benchmarks) + 1)], values, width, yerr=errors,
                    error_kw={"elinewidth": 0.8, "capsize": 1.5, "ecolor": "0.25"}, label=label, color=f"C{index % 10}")
         ax.set_xticks(range(len(benchmarks) + 1), [*benchmarks, "average"], rotation=30, ha="right")
@@ -456,7 +458,8 @@ def summary(reports: list[dict], names: Names = None) -> str:
             rows.append(row)
     table = markdown_table(["T", "benchmark", "longest τ", "τ [95% interval]", "runner-up", "lead [paired 95% interval]"], rows)
     prompts = sorted({result["prompts"] for r in reports for result in r["benchmarks"].values()})
-    caveats = [f"{'/'.join(map(str, prompts))} prompts per benchmark; every interval is a {LEVEL:.0%} {METHOD}: it holds the "
+    caveats = [f"{'/'.join(map(str, prompts))} prompts per benchmark; τ intervals are {LEVEL:.0%} {METHOD}s (from each report's "
+               "per-prompt counts; a report without them shows the interval it recorded, as speedups always do): they hold the "
                "prompts' variation, not training's (one fit per drafter: another seed or machine moves τ too)."]
     if timed(reports):
         caveats.append(machine_caveat(reports))

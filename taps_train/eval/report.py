@@ -36,11 +36,12 @@ class BenchmarkResult:
     `prompts_skipped_too_long` and the signals are absent from reports of older versions; `routing`
     (verifier calls per drafter, or `merged`) is present for routed strategies only. The per-prompt counts
     (decoded prompts, in benchmark order; a prompt skipped at a later turn leaves its earlier rounds in the
-    pooled sums only) and `tau_ci95`, the 95% bootstrap interval over prompts, are absent from older reports.
+    pooled sums only) and `tau_ci95`, the 95% interval over prompts (eval.intervals; reports before the jackknife
+    t-interval hold a percentile bootstrap's), are absent from older reports.
 
     `tokens_per_s` counts every emitted token over the seconds spent decoding (prefills included). With a baseline
     (`taps-train eval` without `--no-baseline`) the same prompts' plain decoding gives `baseline_tokens_per_s`,
-    `speedup` (the ratio of the two) and `speedup_ci95` (bootstrap over prompts). At T=0 `identical_to_greedy` says
+    `speedup` (the ratio of the two) and `speedup_ci95` (its interval over prompts). At T=0 `identical_to_greedy` says
     whether every output equalled plain greedy decoding, and the complete check (taps_train/decoding/greedy_check.py) went
     over `greedy_checked_tokens` tokens of every turn, of which `greedy_ties` were not the verifier's argmax but tied
     with it within its dtype's rounding (any other token, or more ties than rounding explains, stops the eval:
@@ -78,7 +79,7 @@ class BenchmarkResult:
 
     @property
     def prompt_counts(self) -> PromptCounts | None:
-        """What a paired comparison resamples; None for reports written before per-prompt counts."""
+        """What a paired comparison pairs; None for reports written before per-prompt counts."""
         if self.prompt_new_tokens is None or self.prompt_verify_calls is None:
             return None
         return PromptCounts(self.prompt_new_tokens, self.prompt_verify_calls)
@@ -142,7 +143,7 @@ def tau_only_cell(result: dict) -> str:
 
 def tau_interval_of(result: dict) -> tuple[float, float] | None:
     """A benchmark's τ interval by this version's method (eval.intervals) from its per-prompt counts, so that every
-    interval of a page comes from one method; the recorded `tau_ci95` for reports without counts."""
+    interval of a page comes from one method where the counts allow; the recorded `tau_ci95` for reports without them."""
     if result.get("prompt_new_tokens") is not None and result.get("prompt_verify_calls") is not None:
         return tau_interval(PromptCounts(result["prompt_new_tokens"], result["prompt_verify_calls"]))
     return tuple(result["tau_ci95"]) if result.get("tau_ci95") else None

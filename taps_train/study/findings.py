@@ -1,8 +1,8 @@
 """Which of the paper's orderings a study's reports support, by paired intervals over prompts.
 
-Every claim "A beats B" is checked on the same prompts: the prompts of each benchmark are resampled once
-for both (per benchmark for an ordering on one benchmark, independently per benchmark and averaged for
-an ordering on the average), and the claim is *supported* when the 95% interval of τ_A - τ_B lies above
+Every claim "A beats B" is checked on the same prompts: a paired jackknife t-interval, each prompt left out of both
+reports at once (per benchmark for an ordering on one benchmark; the benchmarks' variances added for an ordering on
+the average), and the claim is *supported* when the 95% interval of τ_A - τ_B lies above
 0, *contradicted* when it lies below, and *not resolved* otherwise.
 """
 
@@ -289,7 +289,7 @@ def summary(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> 
     """Verdicts per research question and backbone at each temperature, the tally, the contradicted claims by name, the
     best single specialist RQ3 used, and the budget-matched controls."""
     found = claims(study, reports)
-    backbones = list(dict.fromkeys(c.backbone for c in found))
+    backbones = [backbone for backbone in study.backbones if any(key[0] == backbone for key in reports)]
     rows = []
     for question, meaning in QUESTIONS.items():
         cells = []
@@ -311,7 +311,7 @@ def summary(study: Study, reports: dict[tuple[str, str, float], EvalReport]) -> 
                                                        f"({c.difference:+.3f} [{c.low:+.3f}, {c.high:+.3f}])" for c in contradicted) + ".")
     best = {(b, t): _best_single(b, t, list(study.domains), reports) for b in backbones for t in study.temperatures}
     lines.append("**Best single specialist** (RQ3 compares against it; by average τ): " + "; ".join(
-        f"{b} " + ", ".join(f"T={t:g} {best[b, t]}" for t in study.temperatures) for b in backbones) + "."
+        f"{b} " + ", ".join(f"T={t:g} {best[b, t] or '-'}" for t in study.temperatures) for b in backbones) + "."
         + (" It changes with the temperature for " + ", ".join(b for b in backbones if len({best[b, t] for t in study.temperatures}) > 1)
            + ", so those RQ3 rows compare different specialists." if any(len({best[b, t] for t in study.temperatures}) > 1 for b in backbones) else ""))
     controlled = controls(study, reports)

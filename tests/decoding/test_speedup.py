@@ -1,5 +1,5 @@
 """The speedup in every eval report: plain decoding of the same verifier next to speculative decoding, alternated
-per prompt, identical at T=0 (a mismatch stops the eval naming the prompt), a bootstrap interval over prompts, and
+per prompt, identical at T=0 (a mismatch stops the eval naming the prompt), an interval over prompts, and
 report fields that the reader checks."""
 
 import json

@@ -10,7 +10,9 @@ import pytest
 from taps_train.errors import TapsError
 from taps_train.eval.intervals import (
     PromptCounts,
+    PromptSpeeds,
     paired_difference_interval,
+    speedup_interval,
     t_quantile,
     tau_interval,
 )
@@ -137,3 +139,9 @@ def test_reader_keeps_counts_and_interval(tmp_path):
                                              "prompt_verify_calls": [8, 4], "tau_ci95": [2.4, 2.6]})
     result = next(iter(read_report(path).benchmarks.values()))
     assert result.prompt_counts == PromptCounts((20, 10), (8, 4)) and result.tau_ci95 == (2.4, 2.6)
+
+
+def test_no_interval_where_the_statistic_is_undefined():
+    assert paired_difference_interval([]) is None
+    silent = PromptSpeeds(tokens=[0, 0, 5], seconds=[1.0, 1.0, 1.0], baseline_tokens=[5, 5, 5], baseline_seconds=[1.0, 1.0, 1.0])
+    assert speedup_interval(silent) is None  # leaving out the one prompt that emitted leaves no speed to compare

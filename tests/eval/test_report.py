@@ -194,3 +194,17 @@ def test_report_command_names_drafters_for_readers_and_refuses_names_of_no_draft
         with pytest.raises(SystemExit):
             main(["report", str(reports), "--out", str(tmp_path / "out"), "--name", bad])
         assert message in capsys.readouterr().err
+
+
+def test_a_pooled_tau_outside_its_counts_interval_draws_without_negative_error_bars():
+    """Older reports pool turns their per-prompt counts leave out: τ 3.2 against counts of ratio 3.0."""
+    data = counted(report([MATH], "single", 0.0, 0, 0), [30, 31, 29, 30], [10, 10, 10, 10])
+    data["benchmarks"]["gsm8k"]["acceptance_length"] = 3.2
+    assert plot_tau([data]) is not None
+
+
+def test_two_drafters_may_not_share_a_readable_name(tmp_path, capsys):
+    reports = write_reports(tmp_path / "reports")
+    with pytest.raises(SystemExit):
+        main(["report", str(reports), "--out", str(tmp_path / "out"), "--name", "hass_math/last=x", "--name", "hass_chat/last=x"])
+    assert "two drafters share a name" in capsys.readouterr().err
