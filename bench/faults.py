@@ -2,16 +2,18 @@
 
 For every job (a `taps-train` command writing files later runs trust) it runs the job once undisturbed, then:
 
-- kill: SIGKILL at seeded random moments of the job (as long as the undisturbed run took); after each kill every
-  output present must already be what the undisturbed run writes (nothing partial under its final name), and a rerun
-  must finish with exactly that;
+- kill: SIGKILL at seeded random moments of the job (as long as the undisturbed run took); after each kill nothing a
+  later run would take may differ from the undisturbed result (a file under its final name is final, except a file
+  the job rewrites as it goes, e.g. a fit's last.ckpt, which must read back, and one it appends to, e.g. regenerated
+  replies, which must be a prefix of the final one), and a rerun must finish with exactly that result;
 - disk: the job's outputs on a tmpfs that something else has filled but for a given fraction of what the job writes
-  (needs root): one line naming the file and the space, exit 1, no output present; then the filler removed and a
-  rerun: exactly the undisturbed outputs;
+  (needs root): one line naming the file and the space, exit 1, nothing left that a later run would take (as for a
+  kill); then the filler removed and a rerun: exactly the undisturbed outputs;
 - two: two processes on the same job and outputs at once: both end well (or one waits and says so), one result, the
   undisturbed one;
 - memory: address-space limits below what PyTorch itself needs and just above it: the job finishes with the
-  undisturbed result, or fails in one line (out of memory, or the limit refused up front), exit 1, no output present.
+  undisturbed result, or fails in one line (out of memory, or the limit refused up front), exit 1, leaving nothing a
+  later run would take (resumable progress may stay, as after a kill); then, unlimited, the rerun ends identically.
 
 "Exactly" is per job: the bytes of every file (export, average, cache, regeneration, conversion), the drafter weights
 of a fit's last checkpoint (a resumed run's loop counters are its own), the acceptance lengths of an eval report (its
