@@ -65,15 +65,14 @@ class Job:
     rewritten: tuple[str, ...] = ()  # files it rewrites as it goes (a fit's last.ckpt): after a kill readable, not yet final
     home: bool = False  # writes under $TAPS_HOME (a conversion, a study's caches): given <work>/out/home as its own
 
+    def files(self, work: Path) -> list[Path]:
+        """Each output file present, temporaries of dead writers and locks excepted."""
+        return [path for root in self.outputs(work) for path in (sorted(root.rglob("*")) if root.is_dir() else [root] if root.exists() else [])
+                if path.is_file() and not path.name.startswith(".") and path.suffix not in (".lock", ".partial", ".tmp")]
+
     def pieces(self, work: Path) -> dict[str, str]:
-        """Each output file present (temporaries of dead writers and locks excepted) -> its piece."""
-        found = {}
-        for root in self.outputs(work):
-            for path in sorted(root.rglob("*")) if root.is_dir() else [root] if root.exists() else []:
-                if path.is_file() and not path.name.startswith(".") and path.suffix not in (".lock", ".partial", ".tmp"):
-                    if (value := self.piece(path)) is not None:
-                        found[str(path.relative_to(work))] = value
-        return found
+        """Each output file present -> its piece (files not judged left out)."""
+        return {str(path.relative_to(work)): value for path in self.files(work) if (value := self.piece(path)) is not None}
 
     def environment(self, work: Path, env: dict) -> dict:
         return {**env, "TAPS_HOME": str(work / "out" / "home")} if self.home else env
@@ -248,21 +247,18 @@ def left_partial(job: Job, work: Path, reference: dict[str, str]) -> list[str]:
     result: a file that cannot be read back, or whose piece differs (files the job rewrites as it goes need only be
     readable: a fit's `last.ckpt` holds an earlier step by design; files it appends to must be a prefix of the final)."""
     found = []
-    for root in job.outputs(work):
-        for path in sorted(root.rglob("*")) if root.is_dir() else [root] if root.exists() else []:
-            if not path.is_file() or path.name.startswith(".") or path.suffix in (".lock", ".partial", ".tmp"):
-                continue
-            key = str(path.relative_to(work))
-            try:
-                piece = job.piece(path)
-            except Exception:  # noqa: BLE001  (any failure to read it back)
+    for path in job.files(work):
+        key = str(path.relative_to(work))
+        try:
+            piece = job.piece(path)
+        except Exception:  # noqa: BLE001  (any failure to read it back)
+            found.append(key)
+            continue
+        if path.suffix in job.appended:
+            if not (job.undisturbed / key).read_bytes().startswith(path.read_bytes()):
                 found.append(key)
-                continue
-            if path.suffix in job.appended:
-                if not (job.undisturbed / key).read_bytes().startswith(path.read_bytes()):
-                    found.append(key)
-            elif piece is not None and path.name not in job.rewritten and key in reference and piece != reference[key]:
-                found.append(key)
+        elif piece is not None and path.name not in job.rewritten and key in reference and piece != reference[key]:
+            found.append(key)
     return found
 
 
