@@ -65,6 +65,10 @@ class Curves:
             raise TapsError(f"learning-curve config {path}: samples must be distinct positive counts (runs go in their order)")
         if sorted(set(curves.steps)) != curves.steps or min(curves.steps) < 1:
             raise TapsError(f"learning-curve config {path}: steps must be increasing positive counts")
+        for evaluation in curves.evaluations:
+            if evaluation.at is not None and not set(evaluation.at) <= set(curves.steps):
+                raise TapsError(f"learning-curve config {path}: evaluation {evaluation.name} is at steps {evaluation.at}, "
+                                f"not all of them checkpoints (steps {curves.steps})")
         return curves
 
     def run_dir(self, samples: int) -> Path:

@@ -91,6 +91,7 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_from_it(config, tmp_pat
     ({"samples": [8, 8]}, "samples must be distinct"),
     ({"steps": [4, 2]}, "steps must be increasing"),
     ({"samples": [100]}, "fewer than 100"),
+    ({"evaluations": {"fixed": {"args": [], "at": [3]}}}, r"evaluation fixed is at steps \[3\], not all of them checkpoints"),
     ({"colour": "red"}, "unexpected keyword argument 'colour'"),
 ])
 def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
