@@ -72,7 +72,7 @@ def random_drafter(backbone: str, verifier):
     drafter = build_drafter(eagle3_config(config, 0.125) if backbone == "eagle3" else Drafter.config_for(config))
     drafter.load_verifier_parts(verifier)
     if backbone == "eagle3":
-        drafter.set_draft_vocabulary(torch.randperm(config.vocab_size)[: drafter.config.draft_vocab_size])
+        drafter.set_vocabulary(torch.randperm(config.vocab_size)[: drafter.config.draft_vocab_size])
     return drafter.to(verifier.device).eval()
 
 

@@ -90,7 +90,7 @@ def main() -> None:
                 module = make()
                 if name == "eagle3":  # its vocabulary, as `setup` chooses it from the training data
                     vocab = module.drafter.config.vocab_size
-                    module.choose_draft_vocabulary(sum(torch.bincount(b["input_ids"][b["loss_mask"]], minlength=vocab)[:vocab] for b in batches[name]))
+                    module.choose_vocabulary(sum(torch.bincount(b["input_ids"][b["loss_mask"]], minlength=vocab)[:vocab] for b in batches[name]))
                 seconds = runner(module, batches[name], args.warmup)
                 timings[name, runner_name] = min(seconds, timings.get((name, runner_name), float("inf")))
                 print(f"round {round_index} {name:7s} {runner_name:9s} {seconds:.3f} s/step  {tokens / seconds:,.0f} tok/s")

@@ -34,6 +34,8 @@ class DrafterBackbone(nn.Module, ABC):
     # for it, where that layout can serve it, and vLLM's speculative method for it.
     serving: ClassVar[dict[str, str]] = {}
     vllm_method: ClassVar[str | None] = None
+    # Saved tensors and config keys that only taps-train's own decoder uses; export layouts leave them out.
+    decoder_only: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     @abstractmethod
@@ -76,6 +78,15 @@ class DrafterBackbone(nn.Module, ABC):
         """Logits over the tokens this drafter can propose, and their verifier ids (None: the whole verifier
         vocabulary in order). Drafting ranks these; a reduced draft vocabulary never widens to the full one."""
         return self.logits(hidden), None
+
+    def chosen_vocabulary_size(self) -> int | None:
+        """How many tokens this drafter proposes when it picks them from its training data (`set_vocabulary`, which
+        training calls with the most frequent ones); None: it proposes from the whole verifier vocabulary."""
+        return None
+
+    def set_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Propose only the verifier ids `token_ids` (distinct, `chosen_vocabulary_size()` of them)."""
+        raise TapsError(f"this {self.label} drafter proposes from the whole verifier vocabulary; it has no vocabulary to set")
 
     @abstractmethod
     def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:

@@ -9,6 +9,8 @@ attention scalars, softcapping, per-layer-type RoPE).
 
 from transformers import LlamaConfig, PretrainedConfig
 
+from taps_train.errors import TapsError
+
 
 def drafter_config(verifier_config: PretrainedConfig, fc_bias: bool = False) -> LlamaConfig:
     verifier_config = verifier_config.get_text_config(decoder=True)  # multimodal wrappers nest the LM's config
@@ -46,3 +48,23 @@ def global_rope_parameters(verifier_config: PretrainedConfig) -> dict | None:
     if rope and all(isinstance(value, dict) for value in rope.values()):
         return dict(rope.get("full_attention") or next(iter(rope.values())))
     return rope
+
+
+def check_vocab_size(size: int | float, option: str) -> None:
+    """A drafter's own vocabulary size option (`option`, e.g. draft_vocab_size): tokens or a fraction of the verifier's."""
+    valid_int = isinstance(size, int) and not isinstance(size, bool) and size >= 1
+    if not (valid_int or isinstance(size, float) and 0 < size <= 1):
+        raise TapsError(f"{option} must be an int >= 1 (tokens) or a float in (0, 1] (a fraction of the verifier's "
+                        f"vocabulary), got {size!r}")
+
+
+def vocab_tokens(size: int | float, verifier_vocab_size: int, option: str) -> int:
+    """`size` in tokens: an int is a count (at most the verifier's vocabulary), a float in (0, 1] a fraction of the
+    verifier's vocabulary (rounded, at least 1), so one config fits verifiers of any vocabulary."""
+    check_vocab_size(size, option)
+    if isinstance(size, int):
+        if size > verifier_vocab_size:
+            raise TapsError(f"{option} {size} exceeds the verifier's vocabulary of {verifier_vocab_size} tokens; "
+                            f"pass at most {verifier_vocab_size}, or a fraction such as 0.25")
+        return size
+    return max(1, round(size * verifier_vocab_size))

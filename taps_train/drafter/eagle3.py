@@ -23,7 +23,7 @@ from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
-from taps_train.drafter.config import drafter_config
+from taps_train.drafter.config import drafter_config, vocab_tokens
 from taps_train.features import FeatureContract, check_layers
 from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, verifier_sized
 from taps_train.errors import TapsError
@@ -67,25 +67,6 @@ def check_feature_layers(layers: Sequence[int], num_layers: int) -> tuple[int, .
                     f"{list(layers)}; use e.g. {list(default_feature_layers(num_layers))} (the default when unset)")
 
 
-def check_draft_vocab_size(draft_vocab_size: int | float) -> None:
-    valid_int = isinstance(draft_vocab_size, int) and not isinstance(draft_vocab_size, bool) and draft_vocab_size >= 1
-    if not (valid_int or isinstance(draft_vocab_size, float) and 0 < draft_vocab_size <= 1):
-        raise TapsError(f"draft_vocab_size must be an int >= 1 (tokens) or a float in (0, 1] (a fraction of the verifier's "
-                        f"vocabulary), got {draft_vocab_size!r}")
-
-
-def draft_vocab_tokens(draft_vocab_size: int | float, verifier_vocab_size: int) -> int:
-    """`draft_vocab_size` in tokens: an int is a count (at most the verifier's vocabulary), a float in (0, 1] a fraction of
-    the verifier's vocabulary (rounded, at least 1), so one config fits verifiers of any vocabulary."""
-    check_draft_vocab_size(draft_vocab_size)
-    if isinstance(draft_vocab_size, int):
-        if draft_vocab_size > verifier_vocab_size:
-            raise TapsError(f"draft_vocab_size {draft_vocab_size} exceeds the verifier's vocabulary of {verifier_vocab_size} tokens; "
-                            f"pass at most {verifier_vocab_size}, or a fraction such as 0.25")
-        return draft_vocab_size
-    return max(1, round(draft_vocab_size * verifier_vocab_size))
-
-
 def draft_token_ids(d2t: torch.Tensor) -> torch.Tensor:
     """The verifier id of each draft id: `d2t` holds offsets."""
     return torch.arange(len(d2t), device=d2t.device) + d2t
@@ -103,7 +84,7 @@ def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | flo
     text = verifier_config.get_text_config(decoder=True)
     config = drafter_config(verifier_config)
     config.architectures = [Eagle3Drafter.architecture]
-    config.draft_vocab_size = draft_vocab_tokens(draft_vocab_size, text.vocab_size)
+    config.draft_vocab_size = vocab_tokens(draft_vocab_size, text.vocab_size, "draft_vocab_size")
     config.target_hidden_size = text.hidden_size
     layers = tuple(feature_layers) if feature_layers else default_feature_layers(text.num_hidden_layers)
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(layers)}
@@ -140,7 +121,7 @@ class Eagle3Drafter(DrafterBackbone):
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config)
-        # The identity map until `set_draft_vocabulary` (a full draft vocabulary needs no other).
+        # The identity map until `set_vocabulary` (a full draft vocabulary needs no other).
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.register_buffer("t2d", torch.arange(vocab) < draft_vocab)
 
@@ -225,7 +206,7 @@ class Eagle3Drafter(DrafterBackbone):
     def align_for_averaging(cls, states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
         """EAGLE-3 drafters pick their draft vocabularies from their own training sets, so row i of one drafter's head
         scores another token than row i of the other's. Every head is re-indexed onto the union of the vocabularies of
-        the drafters with weight > 0 (in verifier-id order, as `set_draft_vocabulary` keeps them): a token a drafter
+        the drafters with weight > 0 (in verifier-id order, as `set_vocabulary` keeps them): a token a drafter
         lacks gets a zero row there, i.e. that drafter adds nothing to its logit. A weight-0 drafter adds no tokens,
         so weights 1/0 give back the first drafter exactly."""
         own = [draft_token_ids(state["drafter.d2t"]) for state in states]
@@ -252,7 +233,10 @@ class Eagle3Drafter(DrafterBackbone):
         if self.embed_tokens.weight.dtype != dtype:
             self.embed_tokens.weight = nn.Parameter(self.embed_tokens.weight.detach().to(dtype), requires_grad=False)
 
-    def set_draft_vocabulary(self, token_ids: torch.Tensor) -> None:
+    def chosen_vocabulary_size(self) -> int | None:
+        return self.config.draft_vocab_size
+
+    def set_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Use the verifier ids `token_ids` (distinct, `draft_vocab_size` of them) as the draft vocabulary, in
         ascending order as EAGLE-3 checkpoints list them."""
         ids = token_ids.unique().sort().values.to(self.d2t.device)

@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from taps_train.drafter.backbone import DrafterBackbone, check_tensors, register
-from taps_train.drafter.config import drafter_config
+from taps_train.drafter.config import drafter_config, vocab_tokens
 from taps_train.features import EAGLE_FEATURES, FeatureContract
 from taps_train.errors import TapsError
 
@@ -136,6 +136,8 @@ class Drafter(DrafterBackbone):
     # SGLang's EAGLE draft class; vLLM prefixes the architecture with `Eagle` itself (-> its EagleLlamaForCausalLM).
     serving = {"eagle": "LlamaForCausalLMEagle", "vllm": "LlamaForCausalLM"}
     vllm_method = "eagle"
+    # The proposal vocabulary is taps-train's decoder's alone: engines draft EAGLE-1/2 over the whole vocabulary.
+    decoder_only = ("proposal_ids", "proposal_vocab_size")
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -147,10 +149,19 @@ class Drafter(DrafterBackbone):
         self.layers = nn.ModuleList([DrafterLayer(config)])
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        # The tokens drafting may propose (verifier ids, ascending; None: all). Each drafted level reads the LM head's
+        # rows: at SmolLM2's 49k-token vocabulary those rows cost a third of a verifier call on a CPU, and a
+        # specialist's text uses a few thousand tokens. Training and the loss keep the whole vocabulary.
+        size = getattr(config, "proposal_vocab_size", None)
+        self.register_buffer("proposal_ids", torch.arange(size) if size else None)
+        self._proposal_rows: tuple[tuple, torch.Tensor] | None = None
 
     @classmethod
-    def config_for(cls, verifier_config: PretrainedConfig, fc_bias: bool = False) -> LlamaConfig:
-        return drafter_config(verifier_config, fc_bias)
+    def config_for(cls, verifier_config: PretrainedConfig, fc_bias: bool = False, proposal_vocab_size: int | float | None = None) -> LlamaConfig:
+        config = drafter_config(verifier_config, fc_bias)
+        if proposal_vocab_size is not None:
+            config.proposal_vocab_size = vocab_tokens(proposal_vocab_size, config.vocab_size, "proposal_vocab_size")
+        return config
 
     @classmethod
     def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
@@ -160,7 +171,13 @@ class Drafter(DrafterBackbone):
             shapes["fc.bias"] = (hidden,)
         if embeddings:
             shapes["embed_tokens.weight"] = (config.vocab_size, hidden)
+        if getattr(config, "proposal_vocab_size", None):
+            shapes["proposal_ids"] = (config.proposal_vocab_size,)
         return shapes
+
+    @classmethod
+    def index_tensors(cls) -> dict[str, torch.dtype]:
+        return {"proposal_ids": torch.long}
 
     def feature_contract(self) -> FeatureContract:
         return EAGLE_FEATURES
@@ -264,6 +281,47 @@ class Drafter(DrafterBackbone):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Verifier-vocabulary logits, computed in the LM head's dtype (which may be lower than the features')."""
         return F.linear(features.to(self.lm_head.weight.dtype), self.lm_head.weight)
+
+    def proposal_logits(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.proposal_ids is None:
+            return self.logits(features), None
+        return F.linear(features.to(self.lm_head.weight.dtype), self._proposal_head()), self.proposal_ids
+
+    def _proposal_head(self) -> torch.Tensor:
+        """The LM head's rows of the proposal vocabulary, gathered once per head and vocabulary (a cast or a move of the
+        head, or a new vocabulary, gathers them again)."""
+        head = self.lm_head.weight
+        key = (head.data_ptr(), head.dtype, head.device, self.proposal_ids.data_ptr(), self.proposal_ids._version)
+        if self._proposal_rows is None or self._proposal_rows[0] != key:
+            self._proposal_rows = key, head.index_select(0, self.proposal_ids.to(head.device))
+        return self._proposal_rows[1]
+
+    def chosen_vocabulary_size(self) -> int | None:
+        return getattr(self.config, "proposal_vocab_size", None)
+
+    def set_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Kept in ascending order."""
+        ids = token_ids.unique().sort().values
+        if self.proposal_ids is None or len(ids) != len(self.proposal_ids) or len(token_ids) != len(ids):
+            raise TapsError(f"a proposal vocabulary needs {getattr(self.config, 'proposal_vocab_size', None)} distinct token ids, "
+                            f"got {len(token_ids)}")
+        self.proposal_ids.copy_(ids.to(self.proposal_ids.device))
+
+    @classmethod
+    def align_for_averaging(cls, states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
+        """An average proposes what any of its drafters with weight > 0 proposes: the union of their proposal
+        vocabularies, or the whole vocabulary when one of them proposes from all of it."""
+        own = [state.get("drafter.proposal_ids") for state, weight in zip(states, weights) if weight > 0]
+        if all(ids is None for ids in own) and all("drafter.proposal_ids" not in state for state in states):
+            return {}
+        if any(ids is None for ids in own):
+            for state in states:
+                state.pop("drafter.proposal_ids", None)
+            return {"proposal_vocab_size": None}
+        union = torch.cat(own).unique()
+        for state in states:
+            state["drafter.proposal_ids"] = union.clone()
+        return {"proposal_vocab_size": len(union)}
 
 
 def alignment_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:

@@ -77,6 +77,7 @@ def write_drafter(source: Source, directory: Path, verifier: VerifierFiles | Non
         tensors["embed_tokens.weight"] = embedding.to(torch_dtype).contiguous()
     check_tensors(tensors, backbone.tensor_shapes(source.config, bias="fc.bias" in tensors, embeddings=include_embeddings), source.where,
                   index_tensors)
+    tensors = {key: value for key, value in tensors.items() if key not in backbone.decoder_only}
     tensors = layout.engine_tensors(tensors, architecture)
     config = serving_config(source.config, layout, dtype, bias="fc.bias" in tensors)
     architectures = list(verifier.config.architectures or []) if verifier is not None else []

@@ -72,7 +72,7 @@ def serving_config(config: PretrainedConfig, layout: str | Layout, dtype: str, b
     `fc.bias` is in the weights (the EAGLE configs' key), `fc_bias` whether the drafter was trained with one."""
     layout = layout_named(layout) if isinstance(layout, str) else layout
     backbone = backbone_class(config)
-    result = config.to_dict()
+    result = {key: value for key, value in config.to_dict().items() if key not in backbone.decoder_only}
     result.update(architectures=[layout.architecture(backbone)], model_type="llama", num_hidden_layers=1, tie_word_embeddings=False,
                   bias=bias, fc_bias=getattr(config, "fc_bias", False), dtype=dtype)
     return {**portable_config(result), **backbone.serving_fields(config, layout.layer_offset)}

@@ -104,6 +104,7 @@ class DrafterModule(LightningModule, ABC):
         if loss_chunk_size is not None and loss_chunk_size < 1:
             raise TapsError(f"model.loss_chunk_size must be >= 1 (or null for no chunking), got {loss_chunk_size}")
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects every __init__ frame)
+        self.vocabulary_chosen = False
         # Only the config, the tokenizer and two tensors of the verifier: its layers are never built here,
         # so N ranks do not each hold an 8B model in host RAM before training starts.
         files = read_verifier_files(verifier)
@@ -140,6 +141,18 @@ class DrafterModule(LightningModule, ABC):
             # Checkpoints hold the trained drafter only (about 2 GB less per checkpoint at Llama-3-8B);
             # `load_state_dict` puts the frozen parts back on resume.
             self.trainer.strategy.exclude_frozen_parameters = True
+        if stage == "fit" and self.drafter.chosen_vocabulary_size() is not None and not self.hparams.init_from and not self.vocabulary_chosen:
+            counts = getattr(self.trainer.datamodule, "loss_token_counts", None)  # a resumed run loads its own over this one
+            if counts is None:
+                raise TapsError(f"{type(self).__name__} chooses its drafter's vocabulary from the training data: train it with a "
+                                "DrafterDataModule, call choose_vocabulary(token counts) first, or warm-start it with init_from")
+            self.choose_vocabulary(counts(self.drafter.config.vocab_size))
+
+    def choose_vocabulary(self, counts: torch.Tensor) -> None:
+        """The drafter proposes the `chosen_vocabulary_size()` most frequent tokens of `counts` (ties: lower id first)."""
+        order = torch.sort(-counts[: self.drafter.config.vocab_size], stable=True).indices
+        self.drafter.set_vocabulary(order[: self.drafter.chosen_vocabulary_size()])
+        self.vocabulary_chosen = True
 
     # --- features -------------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
-from taps_train.drafter.eagle3 import TTT_STEPS, check_draft_vocab_size, check_feature_layers
+from taps_train.drafter.config import check_vocab_size
+from taps_train.drafter.eagle3 import TTT_STEPS, check_feature_layers
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
@@ -53,8 +54,7 @@ class Eagle3Module(DrafterModule):
             raise TapsError(f"model.ttt_steps must be >= 1, got {ttt_steps}")
         if not 0 < step_weight_decay <= 1:
             raise TapsError(f"model.step_weight_decay must be in (0, 1], got {step_weight_decay}")
-        check_draft_vocab_size(draft_vocab_size)  # before the verifier is read
-        self.vocabulary_chosen = False
+        check_vocab_size(draft_vocab_size, "draft_vocab_size")  # before the verifier is read
         super().__init__(verifier=verifier, **kwargs)
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
@@ -70,23 +70,6 @@ class Eagle3Module(DrafterModule):
         if trained != list(self.drafter.feature_layers):
             raise TapsError(f"{where} was trained on verifier hidden states {trained}, but this run fuses "
                             f"{list(self.drafter.feature_layers)}; resume with the feature_layers it was trained on")
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage != "fit" or self.hparams.init_from or self.vocabulary_chosen:  # a resumed run loads its own over this one
-            return
-        counts = getattr(self.trainer.datamodule, "loss_token_counts", None)
-        if counts is None:
-            raise TapsError("Eagle3Module chooses its draft vocabulary from the training data: train it with a DrafterDataModule, "
-                            "call choose_draft_vocabulary(token counts) first, or warm-start it with init_from")
-        self.choose_draft_vocabulary(counts(self.drafter.config.vocab_size))
-
-    def choose_draft_vocabulary(self, counts: torch.Tensor) -> None:
-        """The `draft_vocab_size` most frequent tokens of `counts` (ties: lower id first)."""
-        size = self.drafter.config.draft_vocab_size
-        order = torch.sort(-counts[: self.drafter.config.vocab_size], stable=True).indices
-        self.drafter.set_draft_vocabulary(order[:size])
-        self.vocabulary_chosen = True
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tensors = self.batch_features(batch)

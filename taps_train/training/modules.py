@@ -15,6 +15,7 @@ import torch
 from transformers import PretrainedConfig
 
 from taps_train.drafter import Drafter, DrafterBackbone, build_drafter
+from taps_train.drafter.config import check_vocab_size
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
@@ -51,6 +52,7 @@ class Eagle2Module(DrafterModule):
         noise_scaling: str = "constant",
         accuracy_topk: int = 5,
         seed: int = 0,
+        proposal_vocab_size: int | float | None = None,
         **kwargs,
     ):
         """
@@ -70,6 +72,10 @@ class Eagle2Module(DrafterModule):
                 token count, as EAGLE's and HASS's training scripts draw it (wider noise on shorter samples).
             accuracy_topk: k of the logged top-k accuracy.
             seed: seed of the feature noise (per step, so resumed runs draw the same noise).
+            proposal_vocab_size: drafting proposes only the training data's most frequent tokens: an int >= 1 is a
+                count, a float in (0, 1] a fraction of the verifier's vocabulary; None: every token. Training and its
+                loss keep the whole vocabulary; taps-train's decoder reads that many rows of the LM head per drafted
+                level instead of all (exports drop it: engines draft EAGLE-1/2 over the whole vocabulary).
         """
         for name, problem in {
             **{f"model.{key}": float_problem(value, 0.0) for key, value in
@@ -85,10 +91,13 @@ class Eagle2Module(DrafterModule):
             raise TapsError(f"unknown model.align_reduction {align_reduction!r}; use one of {ALIGN_REDUCTIONS}")
         if noise_scaling not in NOISE_SCALINGS:
             raise TapsError(f"unknown model.noise_scaling {noise_scaling!r}; use one of {NOISE_SCALINGS}")
+        if proposal_vocab_size is not None:
+            check_vocab_size(proposal_vocab_size, "model.proposal_vocab_size")  # before the verifier is read
         super().__init__(verifier=verifier, **kwargs)
 
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
-        return build_drafter(Drafter.config_for(verifier_config, fc_bias=self.hparams.fc_bias))
+        h = self.hparams
+        return build_drafter(Drafter.config_for(verifier_config, fc_bias=h.fc_bias, proposal_vocab_size=h.proposal_vocab_size))
 
     def _noise(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """`features` [B, T, H] plus uniform noise of width `feature_noise`, or under `noise_scaling: length`

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from taps_train.drafter import Drafter, drafter_config
+from taps_train.drafter import Drafter
 from taps_train.errors import TapsError
 from taps_train.decoding.accept import accept_sampling, verifier_distribution
 from taps_train.decoding.decoder import SpeculativeDecoder, single
@@ -17,11 +17,20 @@ from taps_train.decoding.verify import VerifierSession
 PROMPTS = [[0, 5, 17, 33, 2, 9], [0, 44, 12], [0, 7, 7, 7, 7, 101, 250, 3, 19, 80, 2]]
 
 
-def random_drafter(verifier, seed: int) -> Drafter:
+def random_drafter(verifier, seed: int, proposal: list[int] | None = None) -> Drafter:
+    """A random EAGLE-2 drafter; `proposal`: the only tokens it may propose (a proposal vocabulary)."""
     torch.manual_seed(seed)
-    drafter = Drafter(drafter_config(verifier.config))
+    config = Drafter.config_for(verifier.config, proposal_vocab_size=len(proposal) if proposal else None)
+    drafter = Drafter(config)
     drafter.load_verifier_parts(verifier)
+    if proposal:
+        drafter.set_vocabulary(torch.tensor(proposal))
     return drafter.eval()
+
+
+def even_tokens(verifier) -> list[int]:
+    """A proposal vocabulary of half the verifier's tokens: the odd ones can only come from the verifier itself."""
+    return list(range(0, verifier.config.vocab_size, 2))
 
 
 def greedy_reference(verifier, prompt: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
@@ -37,8 +46,9 @@ def verifier(random_verifier_dir):
 
 @pytest.mark.parametrize("tree", [TreeConfig(), TreeConfig(total_tokens=8, depth=2, top_k=3), TreeConfig(total_tokens=2, depth=1, top_k=1)])  # the last: a chain of one token
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_speculative_equals_plain_greedy(verifier, tree, prompt):
-    drafter = random_drafter(verifier, seed=len(prompt))
+@pytest.mark.parametrize("proposal", [False, True], ids=["whole-vocabulary", "proposal-vocabulary"])
+def test_greedy_speculative_equals_plain_greedy(verifier, tree, prompt, proposal):
+    drafter = random_drafter(verifier, seed=len(prompt), proposal=even_tokens(verifier) if proposal else None)
     decoder = SpeculativeDecoder(verifier, [drafter], tree, eos_token_ids=[])
     result = decoder.generate(prompt, max_new_tokens=40)
     assert result.tokens == greedy_reference(verifier, prompt, 40, [])
@@ -163,11 +173,13 @@ def duplicate_siblings(trees: list[DraftTree], config: TreeConfig):
     return merged, 0
 
 
-@pytest.mark.parametrize("strategy", [single, duplicate_siblings], ids=["single", "duplicate-siblings"])
-def test_sampled_speculative_output_matches_the_verifier_distribution(strategy):
-    """First two generated tokens over many seeds vs the exact autoregressive distribution."""
+@pytest.mark.parametrize("strategy, proposal", [(single, False), (duplicate_siblings, False), (single, True)],
+                         ids=["single", "duplicate-siblings", "proposal-vocabulary"])
+def test_sampled_speculative_output_matches_the_verifier_distribution(strategy, proposal):
+    """First two generated tokens over many seeds vs the exact autoregressive distribution (with a proposal
+    vocabulary, half the tokens are never drafted and still come out as often as the verifier says)."""
     verifier = tiny_vocab_verifier()
-    drafter = random_drafter(verifier, seed=5)
+    drafter = random_drafter(verifier, seed=5, proposal=even_tokens(verifier) if proposal else None)
     prompt, temperature, vocab = [1, 3, 0], 1.0, verifier.config.vocab_size
     with torch.no_grad():
         first = verifier_distribution(verifier(torch.tensor([prompt])).logits[0, -1], temperature)

@@ -13,7 +13,8 @@ from jsonargparse import ArgumentParser
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from taps_train.drafter import Eagle3Drafter, build_drafter
-from taps_train.drafter.eagle3 import check_feature_layers, default_feature_layers, draft_vocab_tokens
+from taps_train.drafter.config import vocab_tokens
+from taps_train.drafter.eagle3 import check_feature_layers, default_feature_layers
 from taps_train.errors import TapsError
 from taps_train.export import export_drafter
 from taps_train.training import Eagle3Module
@@ -145,7 +146,7 @@ def eagle3_checkpoint(verifier_dir: Path, layers: tuple[int, ...] | None, path: 
     torch.manual_seed(0)
     drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, 50, layers))
     drafter.load_verifier_parts(verifier)
-    drafter.set_draft_vocabulary(torch.arange(50))
+    drafter.set_vocabulary(torch.arange(50))
     return save_checkpoint(drafter, verifier_fingerprint(str(verifier_dir), AutoTokenizer.from_pretrained(verifier_dir)), path)
 
 
@@ -171,13 +172,13 @@ def test_exports_engines_would_misread_are_refused_or_flagged(verifier4_dir, ran
     (0.25, 8192, 2048), (0.25, 128256, 32064), (0.1, 405, 40), (1.0, 400, 400), (1e-9, 400, 1),  # a fraction, rounded, >= 1
 ])
 def test_draft_vocab_size_is_a_count_or_a_fraction(size, vocab, tokens):
-    resolved = draft_vocab_tokens(size, vocab)
+    resolved = vocab_tokens(size, vocab, "draft_vocab_size")
     assert resolved == tokens and type(resolved) is int
 
 
 def test_a_count_beyond_the_verifiers_vocabulary_is_refused():
     with pytest.raises(TapsError, match="draft_vocab_size 1000000 exceeds the verifier's vocabulary of 400 tokens"):
-        draft_vocab_tokens(10**6, 400)
+        vocab_tokens(10**6, 400, "draft_vocab_size")
 
 
 @pytest.mark.parametrize("size", [0, -3, True, False, 0.0, -0.5, 1.5, 2048.0, math.nan, math.inf, "0.25", None])
@@ -204,7 +205,7 @@ def test_yaml_draft_vocab_size_keeps_its_type(value, parsed, random_verifier_dir
                                  f"    verifier: {random_verifier_dir}\n    draft_vocab_size: {value}\n")
     module = parser.instantiate(config).model
     assert module.hparams.draft_vocab_size == parsed and type(module.hparams.draft_vocab_size) is type(parsed)
-    assert module.drafter.config.draft_vocab_size == draft_vocab_tokens(parsed, module.drafter.config.vocab_size)
+    assert module.drafter.config.draft_vocab_size == vocab_tokens(parsed, module.drafter.config.vocab_size, "draft_vocab_size")
 
 
 @pytest.mark.parametrize("override, parsed", [(None, 0.25), ("model: {init_args: {draft_vocab_size: 2048}}", 2048)])

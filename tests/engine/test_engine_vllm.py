@@ -51,7 +51,7 @@ def sharp_drafter(verifier, backbone: str):
     torch.manual_seed({"eagle2": 1, "hass": 2, "eagle3": 3}[backbone])
     if backbone == "eagle3":
         drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, 0.125))
-        drafter.set_draft_vocabulary(torch.randperm(verifier.config.vocab_size)[: drafter.config.draft_vocab_size])
+        drafter.set_vocabulary(torch.randperm(verifier.config.vocab_size)[: drafter.config.draft_vocab_size])
         layer = drafter.midlayer
         norms = (drafter.norm, layer.hidden_norm, layer.input_layernorm, layer.post_attention_layernorm)
     else:

@@ -28,7 +28,7 @@ def make_eagle3(verifier, seed: int, layers: tuple[int, ...] | None = None) -> E
     torch.manual_seed(seed)
     drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, 150, layers))
     drafter.load_verifier_parts(verifier)
-    drafter.set_draft_vocabulary(torch.randperm(verifier.config.vocab_size)[:150])
+    drafter.set_vocabulary(torch.randperm(verifier.config.vocab_size)[:150])
     with torch.no_grad():
         for norm in (drafter.norm, drafter.midlayer.hidden_norm, drafter.midlayer.input_layernorm, drafter.midlayer.post_attention_layernorm):
             norm.weight.uniform_(0.5, 1.5)

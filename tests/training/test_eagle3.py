@@ -26,7 +26,7 @@ def random_eagle3(verifier, seed: int, draft_vocab: int | None = None, layers: t
     vocab = verifier.config.vocab_size
     drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, draft_vocab or vocab // 2, layers))
     drafter.load_verifier_parts(verifier)
-    drafter.set_draft_vocabulary(torch.randperm(vocab)[: drafter.config.draft_vocab_size])
+    drafter.set_vocabulary(torch.randperm(vocab)[: drafter.config.draft_vocab_size])
     return drafter.eval()
 
 
@@ -181,9 +181,9 @@ def test_without_a_datamodule_the_vocabulary_must_be_given(recipe, random_verifi
     dm.prepare_data()
     dm.setup("fit")
     batches = [next(iter(dm.train_dataloader()))]
-    with pytest.raises(TapsError, match="chooses its draft vocabulary from the training data"):
+    with pytest.raises(TapsError, match="chooses its drafter.s vocabulary from the training data"):
         trainer(tmp_path, max_steps=1).fit(module, train_dataloaders=batches)
-    module.choose_draft_vocabulary(dm.loss_token_counts(module.drafter.config.vocab_size))
+    module.choose_vocabulary(dm.loss_token_counts(module.drafter.config.vocab_size))
     chosen = module.drafter.d2t.clone()
     trainer(tmp_path, max_steps=1).fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
     assert torch.equal(module.drafter.d2t, chosen)  # kept, not chosen again

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from taps_train.data.datamodule import DrafterDataModule
-from taps_train.drafter.eagle3 import draft_vocab_tokens
+from taps_train.drafter.config import vocab_tokens
 from taps_train.errors import TapsError
 from taps_train.fit_config import check_trainer_options, fit_config_problems
 from tests.conftest import BOMB, one_line_error
@@ -82,8 +82,8 @@ def test_module_options_out_of_range(random_verifier_dir, options, key):
 
 def test_draft_vocabulary_larger_than_the_verifiers_is_refused():
     with pytest.raises(TapsError, match="exceeds the verifier's vocabulary of 100 tokens"):
-        draft_vocab_tokens(101, 100)
-    assert draft_vocab_tokens(100, 100) == 100 and draft_vocab_tokens(0.5, 100) == 50
+        vocab_tokens(101, 100, "draft_vocab_size")
+    assert vocab_tokens(100, 100, "draft_vocab_size") == 100 and vocab_tokens(0.5, 100, "draft_vocab_size") == 50
 
 
 def test_a_checkpoint_of_another_backbone_is_refused_before_loading(random_verifier_dir, tmp_path):
