@@ -17,7 +17,7 @@ import torch
 from taps_train import files
 from taps_train.data.datamodule import DrafterDataModule
 from taps_train.drafter.checkpoint import read_checkpoint
-from taps_train.drafter.config import vocab_tokens
+from taps_train.drafter.config import most_frequent_tokens, vocab_tokens
 from taps_train.errors import TapsError
 
 
@@ -27,7 +27,7 @@ def with_proposal_vocabulary(checkpoint: dict, counts: torch.Tensor, size: int) 
     if "draft_vocab_size" in config:
         raise TapsError("an EAGLE-3 drafter has a draft vocabulary of its own; this adds one to EAGLE-1/2 and HASS drafters")
     config["proposal_vocab_size"] = vocab_tokens(size, config["vocab_size"], "--sizes")
-    ids = torch.sort(-counts[: config["vocab_size"]], stable=True).indices[: config["proposal_vocab_size"]].sort().values
+    ids = most_frequent_tokens(counts[: config["vocab_size"]], config["proposal_vocab_size"])
     return {**checkpoint, "state_dict": {**checkpoint["state_dict"], "drafter.proposal_ids": ids},
             "taps": {**checkpoint["taps"], "drafter_config": config}}
 

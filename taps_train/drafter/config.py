@@ -7,6 +7,7 @@ its features, embedding and LM head impose) but not its architecture quirks (Gem
 attention scalars, softcapping, per-layer-type RoPE).
 """
 
+import torch
 from transformers import LlamaConfig, PretrainedConfig
 
 from taps_train.errors import TapsError
@@ -68,3 +69,9 @@ def vocab_tokens(size: int | float, verifier_vocab_size: int, option: str) -> in
                             f"pass at most {verifier_vocab_size}, or a fraction such as 0.25")
         return size
     return max(1, round(size * verifier_vocab_size))
+
+
+def most_frequent_tokens(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent token ids of `counts` ([vocab] occurrences), ascending (ties: lower id first): the
+    vocabulary a drafter that proposes from its training data's tokens is given."""
+    return torch.sort(-counts, stable=True).indices[:size].sort().values

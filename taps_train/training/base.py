@@ -18,6 +18,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
+from taps_train.drafter.config import most_frequent_tokens
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
@@ -150,8 +151,7 @@ class DrafterModule(LightningModule, ABC):
 
     def choose_vocabulary(self, counts: torch.Tensor) -> None:
         """The drafter proposes the `chosen_vocabulary_size()` most frequent tokens of `counts` (ties: lower id first)."""
-        order = torch.sort(-counts[: self.drafter.config.vocab_size], stable=True).indices
-        self.drafter.set_vocabulary(order[: self.drafter.chosen_vocabulary_size()])
+        self.drafter.set_vocabulary(most_frequent_tokens(counts[: self.drafter.config.vocab_size], self.drafter.chosen_vocabulary_size()))
         self.vocabulary_chosen = True
 
     # --- features -------------------------------------------------------------------------
