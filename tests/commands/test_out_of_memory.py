@@ -1,11 +1,13 @@
 """Running out of memory is one line (issue 36): what was asked, where the error says it, and the process's limit."""
 
+import mmap
 import subprocess
 import sys
 
 import pytest
 
 from taps_train.cli import out_of_memory
+from taps_train.memory import address_space_used
 
 
 @pytest.mark.parametrize("error, asked", [
@@ -36,3 +38,10 @@ def test_a_limit_too_small_for_pytorch_is_refused_before_anything_starts():
     done = subprocess.run(["bash", "-c", f"ulimit -v 800000; {sys.executable} -m taps_train configs ls"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "may use 819 MB of memory (ulimit -v)" in done.stderr and "to load PyTorch" in done.stderr
+
+
+def test_the_address_space_in_use_grows_with_what_is_mapped():
+    before = address_space_used()
+    block = mmap.mmap(-1, 64 << 20)  # 64 MB mapped, not touched
+    assert address_space_used() - before >= 32 << 20  # margin for other threads unmapping meanwhile
+    block.close()
