@@ -82,6 +82,35 @@ def test_a_finished_file_starts_no_engine(random_verifier_dir, tmp_path, monkeyp
     RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache", generation_engine="transformers").sources()
 
 
+def test_greedy_replies_of_one_engine_are_not_regenerated_by_the_other(random_verifier_dir, tmp_path, monkeypatch, capsys):
+    """Replies regenerated once through vLLM are not paid for again on a machine (or a run) without it, and the other
+    way round: greedy replies are the verifier's whichever engine computed them."""
+    recipe = write_recipe(tmp_path)
+    first = RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache", generation_engine="transformers").sources()
+    monkeypatch.setattr(regen, "_regenerate_into", lambda *a: pytest.fail("replies regenerated again"))
+    served = RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache", generation_engine="vllm",
+                            engine_python=sys.executable).sources()  # this python has no vLLM: it would fail had it started
+    assert served[0].conversations == first[0].conversations
+    assert "starting from the 6 greedy replies transformers gave" in capsys.readouterr().err
+    files = sorted((tmp_path / "cache" / "regenerated").glob("*.jsonl"), key=lambda f: f.stat().st_mtime)
+    assert len(files) == 2
+    files[0].unlink()  # only vLLM's file left: transformers starts from it
+    again = RecipePreparer(load_recipe(recipe), str(random_verifier_dir), tmp_path / "cache", generation_engine="transformers").sources()
+    assert again[0].conversations == first[0].conversations
+    assert "greedy replies vLLM gave" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(VLLM_IN_THIS_PYTHON, reason="this python has vLLM")
+def test_sampled_replies_are_the_engine_s_own(random_verifier_dir, tmp_path, monkeypatch):
+    """At a temperature above 0 engines sample differently: another engine's file is not taken."""
+    recipe = tmp_path / "sampled.yaml"
+    recipe.write_text(open(write_recipe(tmp_path)).read().replace("temperature: 0.0", "temperature: 0.7"))
+    RecipePreparer(load_recipe(str(recipe)), str(random_verifier_dir), tmp_path / "cache", generation_engine="transformers").sources()
+    with pytest.raises(EngineUnavailable):
+        RecipePreparer(load_recipe(str(recipe)), str(random_verifier_dir), tmp_path / "cache", generation_engine="vllm",
+                       engine_python=sys.executable).sources()
+
+
 # --- vLLM itself ---------------------------------------------------------------------------------------------------
 
 ENGINE_PYTHON = os.environ.get("TAPS_ENGINE_PYTHON")

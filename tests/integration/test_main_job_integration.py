@@ -1,5 +1,6 @@
-"""The main job on the real tiny verifier, shortened: `fit` with the shipped tiny HASS config, then
-`eval` of its checkpoint. Training must clearly improve loss and accuracy; τ must beat 1."""
+"""The tiny verifier's job (the README's offline default before the main job moved to SmolLM2, which
+tests/real/test_real_verifier.py runs shortened), shortened: `fit` with the shipped tiny HASS config, then `eval` of
+its checkpoint. Training must clearly improve loss and accuracy; τ must beat 1."""
 
 import csv
 import json

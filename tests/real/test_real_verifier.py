@@ -81,4 +81,4 @@ def test_the_readme_main_job_shortened(tmp_path, monkeypatch):
     main(["eval", "--drafters", str(checkpoint), "--verifier", "smollm2-135m", "--verifier-dtype", "float32", "--benchmarks", "math_heldout",
           "--prompts", "1", "--max-new-tokens", "16", "--tree", "auto", "--output", str(tmp_path / "report.json")])
     math = json.loads((tmp_path / "report.json").read_text())["benchmarks"]["math_heldout"]
-    assert math["identical_to_greedy"] and math["speedup"] > 0 and math["new_tokens"] == 16
+    assert math["identical_to_greedy"] and math["speedup"] > 0 and 0 < math["new_tokens"] <= 16

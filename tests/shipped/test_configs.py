@@ -25,10 +25,10 @@ def test_configs_exist():
     assert "hass_mixed_35k.yaml" in names and "tiny/hass_mixed.yaml" in names and "tiny/eagle2_mixed.yaml" in names
     assert {"eagle3_mixed_35k.yaml", "tiny/eagle3_math.yaml", "tiny/eagle3_chat.yaml", "tiny/eagle3_mixed.yaml"} <= names
     # 17 paper-scale (4 recipes x EAGLE-2, HASS, HASS stage 1, HASS stage 2; EAGLE-3 on mixed_35k) + 11 tiny
-    # (EAGLE-2, HASS and EAGLE-3 x math, chat, mixed; a larger mixed HASS; one logging to W&B) + 10 for SmolLM2 (the 9
-    # backbone x recipe fits and the chat ablation on SmolLM2's own replies)
+    # (EAGLE-2, HASS and EAGLE-3 x math, chat, mixed; a larger mixed HASS; one logging to W&B) + 11 for SmolLM2 (the 9
+    # backbone x recipe fits, the chat ablation on SmolLM2's own replies and the README's main job)
     assert {f"smol/{b}_{d}.yaml" for b in ("eagle2", "hass", "eagle3") for d in ("math", "chat", "mixed")} <= names
-    assert "smol/eagle2_chat_regen.yaml" in names and len(names) == 38
+    assert {"smol/eagle2_chat_regen.yaml", "smol/eagle2_math_quick.yaml"} <= names and len(names) == 39
 
 
 def print_config(capsys, *configs: Path) -> dict:
