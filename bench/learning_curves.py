@@ -5,6 +5,11 @@ regenerated replies and feature cache), checkpoints kept along it, every checkpo
 (`taps-train eval`: `--tree auto` with its speedup, chains in vLLM, ...), each point with its interval over prompts. The
 report (markdown + PNG) says what a log-linear fit of τ over the training-set size predicts at 10x and 100x the data.
 
+Recipe choices are compared the same way: each of the config's `variants` (overrides of the fit config's model, data or
+trainer arguments) is one more run at the first training-set size, evaluated at the same steps on the same prompts, and
+the report gives its τ minus the curve's at each step with a paired interval over the prompts: τ per unit of compute,
+not one end point.
+
 Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
 repository), and every evaluation is a record of its own under `<out>/records/` (committed), so a fresh clone
 finds the evaluated points done and writes the same report (`--report-only` never trains or evaluates).
@@ -16,21 +21,26 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from taps_train import files
 from taps_train.errors import TapsError
+from taps_train.eval.plots import tau_difference
 from taps_train.home import taps_home
 from taps_train.user_yaml import read_yaml
 
 CHECKPOINT_CALLBACKS = ("taps_train.training.checkpointing.LastCheckpoint", "taps_train.training.checkpointing.RunCheckpoint")
+# What a run's own fit config sets and a variant may not: the steps, folders and data of the curve.
+CURVE_SETS = {"trainer": {"max_steps", "val_check_interval", "check_val_every_n_epoch", "default_root_dir", "logger", "callbacks"},
+              "model": {"verifier"}, "data": {"recipe", "verifier"}}
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Curves:
     evaluations: list[Evaluation]
     verifier: str
     out: str
+    variants: dict[str, dict] = field(default_factory=dict)  # name -> {model|data|trainer: {argument: value}}: one run each
 
     @classmethod
     def read(cls, path: str) -> "Curves":
@@ -69,13 +80,30 @@ class Curves:
             if evaluation.at is not None and not set(evaluation.at) <= set(curves.steps):
                 raise TapsError(f"learning-curve config {path}: evaluation {evaluation.name} is at steps {evaluation.at}, "
                                 f"not all of them checkpoints (steps {curves.steps})")
+        for name, overrides in curves.variants.items():
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
+                raise TapsError(f"learning-curve config {path}: variant name {name!r} must be letters, digits, '_', '.' or '-' (it names folders)")
+            if not isinstance(overrides, dict) or not overrides or not all(isinstance(v, dict) for v in overrides.values()):
+                raise TapsError(f"learning-curve config {path}: variant {name} must map model, data or trainer to the arguments it changes")
+            for section, arguments in overrides.items():
+                if section not in CURVE_SETS:
+                    raise TapsError(f"learning-curve config {path}: variant {name} changes {section!r}; only model, data and trainer")
+                if set(arguments) & CURVE_SETS[section]:
+                    raise TapsError(f"learning-curve config {path}: variant {name} sets {section}.{sorted(set(arguments) & CURVE_SETS[section])[0]}, "
+                                    "which the curve sets for every run")
         return curves
 
-    def run_dir(self, samples: int) -> Path:
-        return taps_home() / "curves" / self.name / f"n{samples}"
+    def runs(self) -> list[tuple[str | None, int]]:
+        """(variant, samples) of every run in order: the curve's sizes, then each variant at the first size."""
+        return [(None, samples) for samples in self.samples] + [(variant, self.samples[0]) for variant in self.variants]
 
-    def record_path(self, samples: int, step: int, evaluation: Evaluation) -> Path:
-        return Path(self.out) / "records" / f"n{samples}_step{step}_{evaluation.name}.json"
+    def run_dir(self, samples: int, variant: str | None = None) -> Path:
+        curve = taps_home() / "curves" / self.name
+        return (curve / variant if variant else curve) / f"n{samples}"
+
+    def record_path(self, samples: int, step: int, evaluation: Evaluation, variant: str | None = None) -> Path:
+        records = Path(self.out) / "records"
+        return (records / variant if variant else records) / f"n{samples}_step{step}_{evaluation.name}.json"
 
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -85,9 +113,9 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 # --- training --------------------------------------------------------------------------------------------------------
 
 
-def write_run_files(curves: Curves, samples: int) -> Path:
+def write_run_files(curves: Curves, samples: int, variant: str | None = None) -> Path:
     """The recipe of the first `samples` conversations and the fit config of that run, in its folder; the config's path."""
-    run_dir = curves.run_dir(samples)
+    run_dir = curves.run_dir(samples, variant)
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe = read_yaml(curves.recipe, "recipe", "pass a one-source recipe")
     if len(recipe.get("sources") or []) != 1:
@@ -109,19 +137,21 @@ def write_run_files(curves: Curves, samples: int) -> Path:
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
+    for section, arguments in curves.variants.get(variant, {}).items():
+        (trainer if section == "trainer" else config[section]["init_args"]).update(arguments)
     (run_dir / "fit.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir / "fit.yaml"
 
 
-def train(curves: Curves, samples: int) -> None:
+def train(curves: Curves, samples: int, variant: str | None = None) -> None:
     """Fit the run of `samples` conversations to its last step, resuming from its last checkpoint."""
-    run_dir = curves.run_dir(samples)
+    run_dir = curves.run_dir(samples, variant)
     if all(checkpoint_path(run_dir, step).exists() for step in curves.steps):
         return
-    command = ["taps-train", "fit", "--config", str(write_run_files(curves, samples))]
+    command = ["taps-train", "fit", "--config", str(write_run_files(curves, samples, variant))]
     if (run_dir / "last.ckpt").exists():
         command += ["--ckpt_path", str(run_dir / "last.ckpt")]
-    print(f"[curves] n={samples}: {' '.join(command)}", flush=True)
+    print(f"[curves] {run_label(samples, variant)}: {' '.join(command)}", flush=True)
     subprocess.run(command, check=True)
 
 
@@ -134,24 +164,28 @@ def trained_tokens(checkpoint: Path) -> int:
     return int(torch.load(checkpoint, map_location="cpu", weights_only=True)["taps"]["trained_tokens"])
 
 
-def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, engine_python: str | None) -> None:
+def run_label(samples: int, variant: str | None) -> str:
+    return f"{variant} n={samples}" if variant else f"n={samples}"
+
+
+def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, engine_python: str | None, variant: str | None = None) -> None:
     """One record: the eval report of the checkpoint at `step` of run `samples`, measured `evaluation`'s way."""
-    record = curves.record_path(samples, step, evaluation)
+    record = curves.record_path(samples, step, evaluation, variant)
     if record.exists():
         return
-    checkpoint = checkpoint_path(curves.run_dir(samples), step)
+    checkpoint = checkpoint_path(curves.run_dir(samples, variant), step)
     with tempfile.TemporaryDirectory() as scratch:
         output = Path(scratch) / "report.json"
         command = ["taps-train", "eval", "--drafters", str(checkpoint), "--verifier", curves.verifier, "--temperatures", "0",
                    *evaluation.args, "--output", str(output)]
         if "vllm" in evaluation.args and engine_python:
             command += ["--engine-python", engine_python]
-        print(f"[curves] n={samples} step {step} {evaluation.name}: {' '.join(command)}", flush=True)
+        print(f"[curves] {run_label(samples, variant)} step {step} {evaluation.name}: {' '.join(command)}", flush=True)
         subprocess.run(command, check=True)
         [written] = Path(scratch).glob("report*.json")
         report = json.loads(written.read_text())
     body = {"samples": samples, "step": step, "trained_tokens": trained_tokens(checkpoint), "evaluation": evaluation.name,
-            "eval_args": evaluation.args, "report": report}
+            "eval_args": evaluation.args, "report": report} | ({"variant": variant} if variant else {})
     files.write_text(record, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
@@ -160,10 +194,10 @@ def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, en
 
 def read_records(curves: Curves) -> list[dict]:
     found = []
-    for samples in curves.samples:
+    for variant, samples in curves.runs():
         for step in curves.steps:
             for evaluation in curves.evaluations:
-                path = curves.record_path(samples, step, evaluation)
+                path = curves.record_path(samples, step, evaluation, variant)
                 if path.exists():
                     found.append(json.loads(path.read_text()))
     return found
@@ -192,7 +226,7 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
              f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
     benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
     for evaluation in curves.evaluations:
-        rows = [r for r in records if r["evaluation"] == evaluation.name]
+        rows = [r for r in records if r["evaluation"] == evaluation.name and not r.get("variant")]
         if not rows:
             continue
         lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", "",
@@ -226,8 +260,37 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
         lines += [f"![τ against trained tokens]({evaluation.name}_tau_vs_tokens.png)",
                   f"![τ against distinct samples]({evaluation.name}_tau_vs_samples.png)", ""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines + variants_section(curves, records, benchmarks)))
     return path
+
+
+def variants_section(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:
+    """Each variant's τ at every evaluated step, and its difference from the curve's run of the same size at that step,
+    with a paired interval over the same prompts."""
+    if not curves.variants:
+        return []
+    samples = curves.samples[0]
+    curve = {(r["step"], r["evaluation"]): r["report"]["benchmarks"] for r in records if not r.get("variant") and r["samples"] == samples}
+    lines = [f"## Recipe variants: N = {samples:,}, each against the curve's run of that size", "",
+             "| variant | changes | evaluation | step | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
+             "| --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
+    for variant, overrides in curves.variants.items():
+        changes = ", ".join(f"{section}.{name}={value}" for section, arguments in overrides.items() for name, value in arguments.items())
+        for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
+            cells = []
+            for b in benchmarks:
+                result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
+                cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
+            lines.append(f"| {variant} | {changes} | {r['evaluation']} | {r['step']:,} | " + " | ".join(cells) + " |")
+    return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
+                    "training's: one fit per run, so a seed can move τ too.", ""]
+
+
+def difference_cell(result: dict | None, reference: dict | None) -> str:
+    if not result or not reference:
+        return ""
+    difference, interval = tau_difference(result, reference)
+    return f"{difference:+.2f}" + (f" [{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "")
 
 
 def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: list[str], out: Path) -> None:
@@ -270,12 +333,12 @@ def main() -> None:
     try:
         curves = Curves.read(args.config)
         if not args.report_only:
-            for samples in curves.samples:
-                train(curves, samples)
+            for variant, samples in curves.runs():
+                train(curves, samples, variant)
                 for step in reversed(curves.steps):  # the trained drafter first: the point a user wants most
                     for evaluation in curves.evaluations:
                         if evaluation.at is None or step in evaluation.at:
-                            evaluate(curves, samples, step, evaluation, args.engine_python)
+                            evaluate(curves, samples, step, evaluation, args.engine_python, variant)
                 write_report(curves, read_records(curves))
         print(f"[curves] report: {write_report(curves, read_records(curves))}")
     except TapsError as err:

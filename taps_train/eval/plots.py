@@ -468,14 +468,20 @@ def summary(reports: list[dict], names: Names = None) -> str:
 
 def lead_cell(best: dict, second: dict) -> str:
     """`+0.12 [+0.03, +0.21] resolved` when both results have per-prompt counts for the same prompts, else `+0.12`."""
-    lead = best["acceptance_length"] - second["acceptance_length"]
-    counts = [(r.get("prompt_new_tokens"), r.get("prompt_verify_calls")) for r in (best, second)]
-    if any(c is None for pair in counts for c in pair) or len(counts[0][0]) != len(counts[1][0]):
-        return f"{lead:+.2f}"
-    interval = paired_difference_interval([(PromptCounts(*counts[0]), PromptCounts(*counts[1]))])
+    lead, interval = tau_difference(best, second)
     if interval is None:
         return f"{lead:+.2f}"
     return f"{lead:+.2f} [{interval[0]:+.2f}, {interval[1]:+.2f}] " + ("resolved" if interval[0] > 0 else "not resolved")
+
+
+def tau_difference(a: dict, b: dict) -> tuple[float, tuple[float, float] | None]:
+    """τ of benchmark result `a` minus `b`'s, with its paired interval over their prompts (None unless both kept
+    per-prompt counts of the same number of prompts)."""
+    difference = a["acceptance_length"] - b["acceptance_length"]
+    counts = [(r.get("prompt_new_tokens"), r.get("prompt_verify_calls")) for r in (a, b)]
+    if any(c is None for pair in counts for c in pair) or len(counts[0][0]) != len(counts[1][0]):
+        return difference, None
+    return difference, paired_difference_interval([(PromptCounts(*counts[0]), PromptCounts(*counts[1]))])
 
 
 def machine_caveat(reports: list[dict]) -> str:

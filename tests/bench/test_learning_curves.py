@@ -3,6 +3,7 @@ a record with its trained tokens, a resumed call that redoes nothing, and a repo
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,12 +88,36 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_from_it(config, tmp_pat
     assert curves_module.trained_tokens(run_dir / "step=4.ckpt") > curves_module.trained_tokens(run_dir / "step=2.ckpt")
 
 
+@pytest.mark.integration  # ~40 s: 2 fits and 4 evaluations
+def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tmp_path, monkeypatch):
+    raw = yaml.safe_load(config.read_text())
+    raw.update(samples=[8], evaluations={"fixed": raw["evaluations"]["fixed"]}, variants={"lr_high": {"model": {"lr": 0.02}}})
+    config.write_text(yaml.safe_dump(raw))
+    run(config, monkeypatch=monkeypatch)
+    curves = curves_module.Curves.read(str(config))
+    fit = yaml.safe_load((curves.run_dir(8, "lr_high") / "fit.yaml").read_text())
+    assert fit["model"]["init_args"]["lr"] == 0.02 and yaml.safe_load((curves.run_dir(8) / "fit.yaml").read_text())["model"]["init_args"]["lr"] != 0.02
+    records = tmp_path / "out" / "records"
+    assert sorted(p.name for p in (records / "lr_high").glob("*.json")) == ["n8_step2_fixed.json", "n8_step4_fixed.json"]
+    assert json.loads((records / "lr_high" / "n8_step4_fixed.json").read_text())["variant"] == "lr_high"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Recipe variants: N = 8" in report
+    [row] = [line for line in report.splitlines() if line.startswith("| lr_high |") and "| 4 |" in line]
+    assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
+
+
 @pytest.mark.parametrize("change, message", [
     ({"samples": [8, 8]}, "samples must be distinct"),
     ({"steps": [4, 2]}, "steps must be increasing"),
     ({"samples": [100]}, "fewer than 100"),
     ({"evaluations": {"fixed": {"args": [], "at": [3]}}}, r"evaluation fixed is at steps \[3\], not all of them checkpoints"),
     ({"colour": "red"}, "unexpected keyword argument 'colour'"),
+    ({"variants": {"a/b": {"model": {"lr": 1}}}}, "variant name 'a/b' must be letters"),
+    ({"variants": {"v": {"optimizer": {"lr": 1}}}}, "variant v changes 'optimizer'; only model, data and trainer"),
+    ({"variants": {"v": {"trainer": {"max_steps": 9}}}}, "variant v sets trainer.max_steps, which the curve sets for every run"),
+    ({"variants": {"v": {"data": {"recipe": "x.yaml"}}}}, "variant v sets data.recipe"),
+    ({"variants": {"v": {"model": 3}}}, "variant v must map model, data or trainer"),
+    ({"variants": {"v": {}}}, "variant v must map model, data or trainer"),
 ])
 def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
     raw = yaml.safe_load(config.read_text())
