@@ -25,7 +25,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,7 +255,7 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
                              f"{predict[100]:.2f} (a log-linear extrapolation: curves bend down as they near the tree's ceiling, "
                              "so read these as upper estimates, and only at this many steps)")
         lines.append("")
-        plot(curves, evaluation, rows, benchmarks, out)
+        plot(curves, evaluation, [r for r in records if r["evaluation"] == evaluation.name], benchmarks, out)  # variants too
         lines += [f"![τ against trained tokens]({evaluation.name}_tau_vs_tokens.png)",
                   f"![τ against distinct samples]({evaluation.name}_tau_vs_samples.png)", ""]
     path = out / "report.md"
@@ -294,6 +293,8 @@ def difference_cell(result: dict | None, reference: dict | None) -> str:
 
 
 def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: list[str], out: Path) -> None:
+    """τ against trained tokens, one line per run (the curve's sizes and the variants), and τ against distinct samples,
+    one line per step of the curve's runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -305,14 +306,14 @@ def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: l
         high = [(r.get("tau_ci95") or [t, t])[1] - t for t, r in zip(taus, results)]
         axis.errorbar(xs, taus, yerr=[low, high], marker="o", capsize=3, label=label)
 
-    def plot(vary: str, across: str, values: list[int], legend: Callable[[int], str], xlabel: str, what: str, name: str) -> None:
-        """One panel per benchmark: τ against `across`, one line per value of `vary`."""
+    def plot(lines: list[tuple[str, list[dict]]], across: str, xlabel: str, what: str, name: str) -> None:
+        """One panel per benchmark: τ against `across`, one line per (label, records)."""
         figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4), squeeze=False)
         for axis, b in zip(axes[0], benchmarks):
-            for value in values:
-                points = sorted((r for r in rows if r[vary] == value and b in r["report"]["benchmarks"]), key=lambda r: r[across])
+            for label, records in lines:
+                points = sorted((r for r in records if b in r["report"]["benchmarks"]), key=lambda r: r[across])
                 if points:
-                    errorbar(axis, [r[across] for r in points], [r["report"]["benchmarks"][b] for r in points], legend(value))
+                    errorbar(axis, [r[across] for r in points], [r["report"]["benchmarks"][b] for r in points], label)
             axis.set(xscale="log", xlabel=xlabel, ylabel="τ (T=0)", title=b)
             axis.legend()
         figure.suptitle(f"{curves.name}, {evaluation.name}: τ against {what}")
@@ -320,8 +321,12 @@ def plot(curves: Curves, evaluation: Evaluation, rows: list[dict], benchmarks: l
         figure.savefig(out / f"{evaluation.name}_tau_vs_{name}.png", dpi=110)
         plt.close(figure)
 
-    plot("samples", "trained_tokens", curves.samples, lambda n: f"N = {n:,}", "trained tokens", "trained tokens", "tokens")
-    plot("step", "samples", curves.steps, lambda n: f"step {n:,}", "distinct training samples N", "distinct samples", "samples")
+    curve = [r for r in rows if not r.get("variant")]
+    runs = [(f"N = {n:,}", [r for r in curve if r["samples"] == n]) for n in curves.samples]
+    runs += [(f"{v} (N = {curves.samples[0]:,})", [r for r in rows if r.get("variant") == v]) for v in curves.variants]
+    plot(runs, "trained_tokens", "trained tokens", "trained tokens", "tokens")
+    plot([(f"step {s:,}", [r for r in curve if r["step"] == s]) for s in curves.steps], "samples", "distinct training samples N",
+         "distinct samples", "samples")
 
 
 def main() -> None:

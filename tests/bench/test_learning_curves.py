@@ -103,6 +103,7 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Recipe variants: N = 8" in report
     [row] = [line for line in report.splitlines() if line.startswith("| lr_high |") and "| 4 |" in line]
+    assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0  # the variant a line beside the curve's run
     assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
 
 
