@@ -229,8 +229,8 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
         if not rows:
             continue
         lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", "",
-                  "| samples | step | trained tokens | " + " | ".join(f"{b} τ | {b} speedup" for b in benchmarks) + " |",
-                  "| --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
+                  "| samples | step | trained tokens | tree | " + " | ".join(f"{b} τ | {b} speedup" for b in benchmarks) + " |",
+                  "| --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
         for r in sorted(rows, key=lambda r: (r["samples"], r["step"])):
             cells = []
             for b in benchmarks:
@@ -241,7 +241,8 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
                 speedup = result.get("speedup")
                 cells += [f"{result['acceptance_length']:.2f} {_interval(result.get('tau_ci95'))}",
                           f"{speedup:.2f}x {_interval(result.get('speedup_ci95'))}" if speedup else ""]
-            lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | " + " | ".join(cells) + " |")
+            lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | {tree_cell(r['report'].get('tree'))} | "
+                         + " | ".join(cells) + " |")
         lines.append("")
         for b in benchmarks:
             last = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in rows
@@ -261,6 +262,13 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines + variants_section(curves, records, benchmarks)))
     return path
+
+
+def tree_cell(tree: dict | None) -> str:
+    """total/depth/top-k of the tree an evaluation decoded with; `plain` where --tree auto found no tree that pays."""
+    if not tree:
+        return ""
+    return "plain" if tree["total_tokens"] == 1 else f"{tree['total_tokens']}/{tree['depth']}/{tree['top_k']}"
 
 
 def variants_section(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:

@@ -61,7 +61,7 @@ def test_every_point_is_a_record_and_a_rerun_redoes_nothing(config, tmp_path, mo
     assert bodies["n24_step4_fixed.json"]["report"]["benchmarks"]["gsm8k"]["acceptance_length"] >= 1
     assert "speedup" not in bodies["n24_step4_fixed_last.json"]["report"]["benchmarks"]["gsm8k"]
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "| 24 | 4 |" in report and "| 8 | 2 |" in report and "predicts τ" in report
+    assert "| 24 | 4 |" in report and "| 8 | 2 |" in report and "predicts τ" in report and "| 4/2/2 |" in report  # the tree decoded with
     assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0 and (tmp_path / "out" / "fixed_tau_vs_samples.png").exists()
 
     stamps = {p: p.stat().st_mtime_ns for p in records}
