@@ -32,7 +32,6 @@ from taps_train.data.feature_cache import (
     shard_ranges,
     write_manifest,
 )
-from taps_train import files
 from taps_train.files import exclusive
 from taps_train.data.recipe import Recipe, SelectedSource, select
 from taps_train.features import EAGLE_FEATURES, FeatureContract, check_layers
@@ -311,15 +310,16 @@ class RecipePreparer:
         from taps_train.data.regenerate import regenerate, transformers_generator
 
         spec = selected.selection.regenerate
-        path = self._regenerated_file(selected, python is not None)
-        if spec.temperature == 0:
-            self._start_from_other_engine(path, self._regenerated_file(selected, python is None), "transformers" if python else "vLLM")
+        # Greedy replies are the verifier's whichever engine computed them (SmolLM2's fp32 replies through vLLM and
+        # transformers are identical, tests/data/test_regenerate_engines.py): a greedy regeneration without a file of its
+        # own starts from the other engine's, so replies regenerated once are not regenerated again without that engine.
+        other = (self._regenerated_file(selected, python is None), "transformers" if python else "vLLM") if spec.temperature == 0 else None
         if python is None:
             start = lambda: transformers_generator(self.verifier.model, self.verifier.tokenizer)()  # noqa: E731
         else:
             start = lambda: VllmGenerator(python, self.path, self.placement.dtype_name, self.recipe.max_length)  # noqa: E731
         return regenerate(conversations, start, self.tokenizer, self.stop_token_ids, spec, self.recipe.max_length,
-                          path, VllmGenerator.chunk if python else None)
+                          self._regenerated_file(selected, python is not None), VllmGenerator.chunk if python else None, other)
 
     def _regenerated_file(self, selected: SelectedSource, vllm: bool) -> Path:
         """Where one engine's replies for the source live (transformers' files keep the key they had before engines were
@@ -327,19 +327,6 @@ class RecipePreparer:
         parts = [self.fingerprint, selected.key, asdict(selected.selection.regenerate), self.recipe.max_length,
                  self.placement.dtype_name] + (["vllm"] if vllm else [])
         return self.cache_root / "regenerated" / f"{hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]}.jsonl"
-
-    @staticmethod
-    def _start_from_other_engine(path: Path, other: Path, other_engine: str) -> None:
-        """Greedy replies are the verifier's whichever engine computed them (SmolLM2's fp32 replies through vLLM and
-        transformers are identical, tests/data/test_regenerate_engines.py): a greedy regeneration without a file of its
-        own starts from the other engine's, so replies regenerated once are not regenerated again without that engine."""
-        with exclusive(path.with_name(path.name + ".lock"), f"another regeneration into {path}"):
-            if path.exists() or not other.exists():
-                return
-            with exclusive(other.with_name(other.name + ".lock"), f"another regeneration into {other}"):
-                text = other.read_text(errors="replace")
-            files.write_text(path, text)
-        print(f"regeneration: starting from the {text.count(chr(10)):,} greedy replies {other_engine} gave ({other})", file=sys.stderr, flush=True)
 
 
 def _expected_files(sources: list[PreparedSource], shards: ShardsByRank, manifests: bool) -> list[tuple[Path, int | None, int]]:

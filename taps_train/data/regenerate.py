@@ -12,6 +12,7 @@ engine (taps_train/data/vllm_generation.py: vLLM), started only when something i
 """
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -77,17 +78,33 @@ def regenerate(
     max_length: int,
     cache_file: Path,
     chunk: int | None = None,
+    start_from: tuple[Path, str] | None = None,
 ) -> list[Conversation]:
     """The conversations with their assistant turns regenerated, read back from `cache_file` where a previous run
     wrote them; `start_generator()` is entered only when some are left to do. `chunk` (default `CHUNK`): conversations
-    per batch, seed and write; a file is always written with one chunk size."""
+    per batch, seed and write; a file is always written with one chunk size. `start_from` (a file of replies and the
+    engine that wrote them): what a `cache_file` that does not exist yet begins with."""
     chunk = chunk or CHUNK
-    with exclusive(cache_file.with_name(cache_file.name + ".lock"), f"another regeneration into {cache_file}"):
+    with _writing(cache_file):
+        if start_from and not cache_file.exists() and start_from[0].exists():
+            _copy_replies(*start_from, cache_file)
         done = _read_done(cache_file, conversations, chunk)
         if len(done) == len(conversations):
             return done
         with start_generator() as generator:
             return _regenerate_into(conversations, done, generator, tokenizer, stop_token_ids, spec, max_length, cache_file, chunk)
+
+
+def _writing(cache_file: Path) -> AbstractContextManager[None]:
+    """One writer of a replies file at a time, across processes."""
+    return exclusive(cache_file.with_name(cache_file.name + ".lock"), f"another regeneration into {cache_file}")
+
+
+def _copy_replies(source: Path, engine: str, target: Path) -> None:
+    with _writing(source):
+        text = source.read_text(errors="replace")
+    files.write_text(target, text)
+    print(f"regeneration: starting from the {text.count(chr(10)):,} greedy replies {engine} gave ({source})", file=sys.stderr, flush=True)
 
 
 def transformers_generator(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Callable[[], AbstractContextManager[ReplyGenerator]]:
