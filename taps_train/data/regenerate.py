@@ -142,10 +142,11 @@ def _regenerate_into(conversations: list[Conversation], done: list[Conversation]
 
 def _read_done(cache_file: Path, conversations: list[Conversation], chunk: int) -> list[Conversation]:
     """The valid records of a previous run, in order; reading stops at the first cut, damaged or foreign
-    line, and the file is trimmed to what is kept (rewritten only then).
+    line, and when that leaves conversations to do, the file is trimmed to what is kept (rewritten only then).
 
     An unfinished run resumes on a chunk boundary (seeds are per chunk); a finished one is kept whole,
-    or its last, shorter chunk would be regenerated on every call.
+    or its last, shorter chunk would be regenerated on every call. Records beyond `conversations` are a larger
+    selection's work (a recipe's first N conversations share its file): they are read past, never trimmed.
     """
     if not cache_file.exists():
         return []
@@ -156,8 +157,9 @@ def _read_done(cache_file: Path, conversations: list[Conversation], chunk: int) 
         if record is None or record.id != expected.id:
             break
         done.append(record)
-    if len(done) < len(conversations):
-        done = done[: len(done) // chunk * chunk]
+    if len(done) == len(conversations):
+        return done
+    done = done[: len(done) // chunk * chunk]
     if len(done) != len(lines) - 1 or lines[-1]:
         files.write_text(cache_file, "".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in done))
     return done

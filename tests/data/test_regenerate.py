@@ -111,6 +111,26 @@ def test_resume_from_a_partial_file_with_a_cut_last_line(verifier, tmp_path, mon
     assert regenerated == []
 
 
+def test_a_smaller_selection_reads_a_larger_one_s_file_and_leaves_it_whole(verifier, tmp_path, monkeypatch):
+    """A recipe's first N conversations share its replies file (a learning curve's smaller sizes): reading them must
+    not cut the replies of the rest, which cost the larger run its regeneration time."""
+    monkeypatch.setattr(regen, "CHUNK", 2)
+    path = tmp_path / "r.jsonl"
+    everything = run(verifier, conversations(), GREEDY, path)
+    written = path.read_bytes()
+
+    def no_engine():
+        raise AssertionError("an engine started for replies already in the file")
+
+    for size in (1, 3, 4):
+        first = regen.regenerate(conversations(size), no_engine, verifier.tokenizer, stop_token_ids(verifier.model, verifier.tokenizer),
+                                 GREEDY, 256, path)
+        assert first == everything[:size]
+        assert path.read_bytes() == written
+    assert regen.regenerate(conversations(), no_engine, verifier.tokenizer, stop_token_ids(verifier.model, verifier.tokenizer),
+                            GREEDY, 256, path) == everything
+
+
 def test_conversation_ends_where_the_context_is_full(verifier, tmp_path):
     long_question = "How many apples are left? " * 4
     item = Conversation("long", [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "x"},
