@@ -3,9 +3,11 @@
   1. HASS step time / EAGLE-2 step time (3 alignment steps; target <= 3.3), and EAGLE-3's (7 passes)
   2. taps-train's Lightning training step / a bare PyTorch loop doing the same work (target <= 1.05)
   3. training throughput of each backbone (tokens/s)
+  4. with --precision P: each backbone's Lightning step in P / in 32-true (e.g. bf16-mixed on a CPU with AVX512-BF16)
 
     python bench/train.py [--steps 30] [--recipe data_recipes/tiny_mixed.yaml]
     python bench/train.py --verifier smollm2-135m --recipe R --steps 8 --warmup 2 --rounds 1   # a real 30-layer LLM
+    python bench/train.py --verifier smollm2-135m --recipe R --steps 8 --warmup 2 --backbones eagle2 --precision bf16-mixed
 """
 
 import argparse
@@ -59,10 +61,10 @@ class StepTimer(Callback):
         self.end = time.perf_counter()
 
 
-def lightning_seconds(module, batches: list[dict], warmup: int) -> float:
+def lightning_seconds(module, batches: list[dict], warmup: int, precision: str = "32-true") -> float:
     torch.manual_seed(0)
     timer = StepTimer(warmup)
-    trainer = Trainer(accelerator="cpu", max_steps=len(batches), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    trainer = Trainer(accelerator="cpu", precision=precision, max_steps=len(batches), logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, gradient_clip_val=0.5, gradient_clip_algorithm="value", limit_val_batches=0,
                       num_sanity_val_steps=0, callbacks=[timer])
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=None, shuffle=False))
@@ -76,16 +78,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--verifier", default="taps-tiny", help="taps-tiny, smollm2-135m, a .gguf file or a model directory")
+    parser.add_argument("--backbones", nargs="+", choices=list(MODULES), default=list(MODULES))
+    parser.add_argument("--precision", help="also time each Lightning step in this precision (e.g. bf16-mixed) against 32-true")
     args = parser.parse_args()
     build = {name: lambda module_class=module_class, options=options: module_class(verifier=args.verifier, lr=1e-3, warmup_steps=5,
                                                                                    schedule="cosine", **options)
-             for name, (module_class, options) in MODULES.items()}
+             for name, (module_class, options) in MODULES.items() if name in args.backbones}
+    runners = {"bare": bare_loop_seconds, "lightning": lightning_seconds}
+    if args.precision:
+        runners[args.precision] = lambda module, batches, warmup: lightning_seconds(module, batches, warmup, args.precision)
     batches = {name: fixed_batches(args.recipe, args.verifier, args.steps, make().drafter.feature_contract().layers) for name, make in build.items()}
-    tokens = sum(int(b["attention_mask"].sum()) for b in batches["eagle2"][args.warmup :]) / (args.steps - args.warmup)
+    first = next(iter(batches.values()))  # every backbone trains on the same samples
+    tokens = sum(int(b["attention_mask"].sum()) for b in first[args.warmup :]) / (args.steps - args.warmup)
     timings = {}
     for round_index in range(args.rounds):  # alternate the runners; the fastest round of each counts
         for name, make in build.items():
-            for runner_name, runner in (("bare", bare_loop_seconds), ("lightning", lightning_seconds)):
+            for runner_name, runner in runners.items():
                 torch.manual_seed(0)
                 module = make()
                 if name == "eagle3":  # its vocabulary, as `setup` chooses it from the training data
@@ -93,13 +101,18 @@ def main() -> None:
                     module.choose_vocabulary(sum(torch.bincount(b["input_ids"][b["loss_mask"]], minlength=vocab)[:vocab] for b in batches[name]))
                 seconds = runner(module, batches[name], args.warmup)
                 timings[name, runner_name] = min(seconds, timings.get((name, runner_name), float("inf")))
-                print(f"round {round_index} {name:7s} {runner_name:9s} {seconds:.3f} s/step  {tokens / seconds:,.0f} tok/s")
-    print(f"\nHASS (3 alignment steps) / EAGLE-2 step time (bare loop): {timings['hass', 'bare'] / timings['eagle2', 'bare']:.2f}  (target <= 3.3)")
-    print(f"EAGLE-3 (7 passes) / EAGLE-2 step time (bare loop): {timings['eagle3', 'bare'] / timings['eagle2', 'bare']:.2f}")
+                print(f"round {round_index} {name:7s} {runner_name:10s} {seconds:.3f} s/step  {tokens / seconds:,.0f} tok/s")
+    print()
+    for name, passes in (("hass", "3 alignment steps; target <= 3.3"), ("eagle3", "7 passes")):
+        if name in build and "eagle2" in build:
+            print(f"{name} / EAGLE-2 step time (bare loop, {passes}): {timings[name, 'bare'] / timings['eagle2', 'bare']:.2f}")
     for name in build:
         print(f"{name}: {tokens / timings[name, 'lightning']:,.0f} training tokens/s (Lightning)")
     for name in build:
         print(f"{name}: Lightning step / bare PyTorch step: {timings[name, 'lightning'] / timings[name, 'bare']:.3f}  (target <= 1.05)")
+    if args.precision:
+        for name in build:
+            print(f"{name}: Lightning step in {args.precision} / in 32-true: {timings[name, args.precision] / timings[name, 'lightning']:.2f}")
 
 
 if __name__ == "__main__":
