@@ -60,10 +60,10 @@ def test_cp_refuses_unknown_configs_and_never_overwrites_a_changed_file(tmp_path
         copy_config("smol/none.yaml", tmp_path)
     copy_config("smol/eagle2_math.yaml", tmp_path)
     copy_config("configs/smol/eagle2_math.yaml", tmp_path)  # the same files again: nothing changes
-    (tmp_path / "data_recipes/smol_math.yaml").write_text("name: edited\n")
-    with pytest.raises(TapsError, match="smol_math.yaml already exist with other content"):
+    (tmp_path / "data_recipes/smol_math_4k.yaml").write_text("name: edited\n")
+    with pytest.raises(TapsError, match="smol_math_4k.yaml already exist with other content"):
         copy_config("smol/eagle2_math.yaml", tmp_path)
-    assert (tmp_path / "data_recipes/smol_math.yaml").read_text() == "name: edited\n"
+    assert (tmp_path / "data_recipes/smol_math_4k.yaml").read_text() == "name: edited\n"
 
 
 @pytest.mark.integration
@@ -92,7 +92,7 @@ def test_an_installed_wheel_runs_its_shipped_configs_and_benchmarks_from_an_empt
     where = run("import taps_train; print(taps_train.__file__)")
     assert where.startswith(str(tmp_path / "venv")), where
     run("from taps_train.cli import main", "main(['configs', 'cp', 'smol/eagle2_math.yaml'])")
-    assert (empty / "configs/smol/eagle2_math.yaml").is_file() and (empty / "data_recipes/smol_math.yaml").is_file()
+    assert (empty / "configs/smol/eagle2_math.yaml").is_file() and (empty / "data_recipes/smol_math_4k.yaml").is_file()
     out = run("from taps_train.eval.benchmarks import load_benchmark",
               "from taps_train.data.recipe import load_recipe",
               "print(len(load_benchmark('math_heldout', 3)[0]), load_recipe('data_recipes/tiny_chat.yaml').name)")
