@@ -2,7 +2,6 @@
 one JSON report per temperature (design.md, "Eval report"), and a τ table on stdout."""
 
 import argparse
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -73,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
                    help="skip plain decoding of every prompt (halves the time; the report then has no speedup)")
     p.add_argument("--engine", choices=["taps", "vllm"], default="taps",
                    help="taps: taps-train's own speculative decoding; vllm: the drafter served by vLLM (README, 'Exporting for SGLang and vLLM')")
-    p.add_argument("--engine-python", default=sys.executable, help="--engine vllm: a python that imports vllm (default: this one)")
+    p.add_argument("--engine-python", default=None,
+                   help="--engine vllm: a python that imports vllm (default: $TAPS_ENGINE_PYTHON, as regeneration reads it, else this one)")
     p.add_argument("--engine-threads", type=int, default=None, help="--engine vllm: CPU threads (default: every core this process may use)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="--engine vllm: draft tokens per verifier step (a greedy chain)")
     p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")

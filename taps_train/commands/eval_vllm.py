@@ -12,11 +12,13 @@ the chat template on vLLM's side).
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from taps_train import machine
+from taps_train.data.vllm_generation import find_engine_python
 from taps_train.engine.agreement import chain_config
 from taps_train.engine.serve import ServedDraft, VllmRequest, load_problems, run_worker, served_draft, vllm_version
 from taps_train.errors import TapsError
@@ -53,7 +55,8 @@ def check_engine_options(options: argparse.Namespace) -> None:
 
 def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prompt]]) -> dict[float, EvalReport]:
     """One report per temperature, each from one vLLM worker decoding every benchmark's prompts."""
-    version = vllm_version(options.engine_python)
+    python = find_engine_python(options.engine_python) or sys.executable  # this one's import error names the fix
+    version = vllm_version(python)
     verifier_dir = str(resolve_verifier_path(options.verifier))
     files = read_verifier_files(verifier_dir)
     eos = files_stop_token_ids(files)
@@ -70,7 +73,7 @@ def run_engine_eval(options: argparse.Namespace, benchmarks: dict[str, list[Prom
                               top_p=options.top_p, seed=options.seed, threads=options.engine_threads,
                               max_model_len=max(map(len, flat)) + options.max_new_tokens + k + 1)
         began = time.perf_counter()
-        result = run_worker(options.engine_python, request, f"T{temperature:g}")
+        result = run_worker(python, request, f"T{temperature:g}")
         seconds = time.perf_counter() - began
         problems = load_problems(result)
         for problem in problems:

@@ -159,3 +159,10 @@ def test_each_check_fails_on_its_own():
     checks = {check for check, _ in compare(vllm, vllm, miscounted, k, []).problems()}
     assert checks == {"counters", "positions"}
     assert caught([("load", "dropped")], ("load",)) and not caught([("chains", "x")], ("load",))
+
+
+def test_eval_engine_python_defaults_to_the_one_regeneration_reads(random_verifier_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TAPS_ENGINE_PYTHON", str(tmp_path / "vllm-venv-python"))
+    with pytest.raises(SystemExit):
+        main(["eval", "--drafters", "a.ckpt", "--verifier", str(random_verifier_dir), "--engine", "vllm", "--output", str(tmp_path / "r.json")])
+    assert f"--engine-python {tmp_path / 'vllm-venv-python'} cannot be run" in capsys.readouterr().err
