@@ -8,7 +8,7 @@ report (markdown + PNG) says what a log-linear fit of τ over the training-set s
 Recipe choices are compared the same way: each of the config's `variants` (overrides of the fit config's model, data or
 trainer arguments) is one more run at the first training-set size, evaluated at the same steps on the same prompts, and
 the report gives its τ minus the curve's at each step with a paired interval over the prompts: τ per unit of compute,
-not one end point.
+not one end point. `overrides` (the same form) change every run, e.g. to keep a curve's recipe when its fit config moves on.
 
 Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
 repository), and every evaluation is a record of its own under `<out>/records/` (committed), so a fresh clone
@@ -62,6 +62,7 @@ class Curves:
     verifier: str
     out: str
     variants: dict[str, dict] = field(default_factory=dict)  # name -> {model|data|trainer: {argument: value}}: one run each
+    overrides: dict[str, dict] = field(default_factory=dict)  # {model|data|trainer: {argument: value}} of every run (a variant's on top)
 
     @classmethod
     def read(cls, path: str) -> "Curves":
@@ -79,16 +80,20 @@ class Curves:
             if evaluation.at is not None and not set(evaluation.at) <= set(curves.steps):
                 raise TapsError(f"learning-curve config {path}: evaluation {evaluation.name} is at steps {evaluation.at}, "
                                 f"not all of them checkpoints (steps {curves.steps})")
-        for name, overrides in curves.variants.items():
+        for name in curves.variants:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
                 raise TapsError(f"learning-curve config {path}: variant name {name!r} must be letters, digits, '_', '.' or '-' (it names folders)")
+        checked = {f"variant {name}": overrides for name, overrides in curves.variants.items()}
+        if curves.overrides != {}:  # the default: no change
+            checked["overrides"] = curves.overrides
+        for what, overrides in checked.items():
             if not isinstance(overrides, dict) or not overrides or not all(isinstance(v, dict) for v in overrides.values()):
-                raise TapsError(f"learning-curve config {path}: variant {name} must map model, data or trainer to the arguments it changes")
+                raise TapsError(f"learning-curve config {path}: {what} must map model, data or trainer to the arguments it changes")
             for section, arguments in overrides.items():
                 if section not in CURVE_SETS:
-                    raise TapsError(f"learning-curve config {path}: variant {name} changes {section!r}; only model, data and trainer")
+                    raise TapsError(f"learning-curve config {path}: {what} changes {section!r}; only model, data and trainer")
                 if set(arguments) & CURVE_SETS[section]:
-                    raise TapsError(f"learning-curve config {path}: variant {name} sets {section}.{sorted(set(arguments) & CURVE_SETS[section])[0]}, "
+                    raise TapsError(f"learning-curve config {path}: {what} sets {section}.{sorted(set(arguments) & CURVE_SETS[section])[0]}, "
                                     "which the curve sets for every run")
         return curves
 
@@ -136,8 +141,9 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
-    for section, arguments in curves.variants.get(variant, {}).items():
-        (trainer if section == "trainer" else config[section]["init_args"]).update(arguments)
+    for overrides in (curves.overrides, curves.variants.get(variant, {})):
+        for section, arguments in overrides.items():
+            (trainer if section == "trainer" else config[section]["init_args"]).update(arguments)
     (run_dir / "fit.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir / "fit.yaml"
 
@@ -216,11 +222,16 @@ def _interval(values: list[float] | None) -> str:
     return f"[{values[0]:.2f}, {values[1]:.2f}]" if values else ""
 
 
+def changes(overrides: dict[str, dict]) -> str:
+    """"model.lr=0.003, ...": overrides of a fit config as the report names them."""
+    return ", ".join(f"{section}.{name}={value}" for section, arguments in overrides.items() for name, value in arguments.items())
+
+
 def write_report(curves: Curves, records: list[dict]) -> Path:
     out = Path(curves.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Learning curves: {curves.name}", "",
-             f"Fit config `{curves.fit_config}` on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
+             f"Fit config `{curves.fit_config}`{' with ' + changes(curves.overrides) if curves.overrides else ''} on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
              f"checkpoints at steps {curves.steps}; τ at T=0 with 95% intervals over prompts (taps_train.eval.intervals). Reproduce: "
              f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
     benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
@@ -282,13 +293,12 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
              "| variant | changes | evaluation | step | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
              "| --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
     for variant, overrides in curves.variants.items():
-        changes = ", ".join(f"{section}.{name}={value}" for section, arguments in overrides.items() for name, value in arguments.items())
         for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
             cells = []
             for b in benchmarks:
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
-            lines.append(f"| {variant} | {changes} | {r['evaluation']} | {r['step']:,} | " + " | ".join(cells) + " |")
+            lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | " + " | ".join(cells) + " |")
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
                     "training's: one fit per run, so a seed can move τ too.", ""]
 

@@ -107,6 +107,17 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
 
 
+def test_overrides_change_every_run_and_a_variant_changes_its_own_on_top(config):
+    raw = yaml.safe_load(config.read_text())
+    raw.update(overrides={"model": {"proposal_vocab_size": None, "lr": 0.005}}, variants={"lr_high": {"model": {"lr": 0.02}}})
+    config.write_text(yaml.safe_dump(raw))
+    curves = curves_module.Curves.read(str(config))
+    base = yaml.safe_load(curves_module.write_run_files(curves, 24).read_text())["model"]["init_args"]
+    variant = yaml.safe_load(curves_module.write_run_files(curves, 24, "lr_high").read_text())["model"]["init_args"]
+    assert (base["lr"], variant["lr"]) == (0.005, 0.02)
+    assert base["proposal_vocab_size"] is None and variant["proposal_vocab_size"] is None
+
+
 @pytest.mark.parametrize("change, message", [
     ({"samples": [8, 8]}, "samples must be distinct"),
     ({"steps": [4, 2]}, "steps must be increasing"),
@@ -119,6 +130,9 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     ({"variants": {"v": {"data": {"recipe": "x.yaml"}}}}, "variant v sets data.recipe"),
     ({"variants": {"v": {"model": 3}}}, "variant v must map model, data or trainer"),
     ({"variants": {"v": {}}}, "variant v must map model, data or trainer"),
+    ({"overrides": {"optimizer": {"lr": 1}}}, "overrides changes 'optimizer'; only model, data and trainer"),
+    ({"overrides": {"data": {"recipe": "r.yaml"}}}, "overrides sets data.recipe, which the curve sets for every run"),
+    ({"overrides": []}, "overrides must map model, data or trainer"),
 ])
 def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
     raw = yaml.safe_load(config.read_text())
