@@ -230,8 +230,9 @@ def changes(overrides: dict[str, dict]) -> str:
 def write_report(curves: Curves, records: list[dict]) -> Path:
     out = Path(curves.out)
     out.mkdir(parents=True, exist_ok=True)
+    fit = f"`{curves.fit_config}` with {changes(curves.overrides)}" if curves.overrides else f"`{curves.fit_config}`"
     lines = [f"# Learning curves: {curves.name}", "",
-             f"Fit config `{curves.fit_config}`{' with ' + changes(curves.overrides) if curves.overrides else ''} on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
+             f"Fit config {fit} on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
              f"checkpoints at steps {curves.steps}; τ at T=0 with 95% intervals over prompts (taps_train.eval.intervals). Reproduce: "
              f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
     benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
