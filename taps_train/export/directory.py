@@ -1,15 +1,19 @@
 """The output directory of an export: written whole (`files.atomic_directory`), replaced only when it holds an export.
 
---overwrite replaces an export, never a directory that is not one, nor files a user put inside one.
+--overwrite replaces an export, never a directory that is not one, nor files a user put inside one. Two exports to one
+directory take turns (a lock beside it): the checks and the replacement are one step, so neither can find the
+directory absent and then collide with the other's finished one.
 """
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from taps_train import files
 from taps_train.errors import TapsError
 
+T = TypeVar("T")
 MARKERS = ("taps_export.json", "bundle.json")  # what makes a directory safe to replace with --overwrite
 
 
@@ -21,21 +25,27 @@ def export_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         raise TapsError(f"export target {out_dir} is a symbolic link; pass the real directory ({out_dir.resolve()}) as --out")
     if out_dir.exists() and not out_dir.is_dir():
         raise TapsError(f"export target {out_dir} is a file; pass a directory for --out")
-    for line in files.recover_directory(out_dir, "export"):
-        print(line)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise TapsError(f"export directory {out_dir} is not empty; pass --overwrite to replace it or choose another --out")
-        if not any((out_dir / marker).is_file() for marker in MARKERS):
-            raise TapsError(f"refusing to replace {out_dir}: it is not a taps-train export (no {' or '.join(MARKERS)}); "
-                            "remove it yourself or choose another --out")
     with ExitStack() as stack:
-        try:
-            staging = stack.enter_context(files.atomic_directory(out_dir))
-        except OSError as err:
-            raise TapsError(f"cannot write next to {out_dir}: {err.strerror or err}; choose an --out in a writable directory") from err
+        _enter_beside(stack, files.exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another export to {out_dir}"), out_dir)
+        for line in files.recover_directory(out_dir, "export"):
+            print(line)
+        if out_dir.exists() and any(out_dir.iterdir()):
+            if not overwrite:
+                raise TapsError(f"export directory {out_dir} is not empty; pass --overwrite to replace it or choose another --out")
+            if not any((out_dir / marker).is_file() for marker in MARKERS):
+                raise TapsError(f"refusing to replace {out_dir}: it is not a taps-train export (no {' or '.join(MARKERS)}); "
+                                "remove it yourself or choose another --out")
+        staging = _enter_beside(stack, files.atomic_directory(out_dir), out_dir)
         yield staging
         _refuse_foreign_files(out_dir, staging)
+
+
+def _enter_beside(stack: ExitStack, context: AbstractContextManager[T], out_dir: Path) -> T:
+    """Enter `context`, which writes next to `out_dir`; a parent directory that cannot take files is a usage error."""
+    try:
+        return stack.enter_context(context)
+    except OSError as err:
+        raise TapsError(f"cannot write next to {out_dir}: {err.strerror or err}; choose an --out in a writable directory") from err
 
 
 def _refuse_foreign_files(out_dir: Path, staging: Path) -> None:

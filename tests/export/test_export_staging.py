@@ -2,12 +2,16 @@
 when their owner is a process of this host that no longer runs."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
+from taps_train.files import exclusive
+from tests.data.test_cache_concurrency import wait_for
 from tests.export.test_export_safety import _export, checkpoint  # noqa: F401 (fixture)
 
 
@@ -65,3 +69,21 @@ def test_staging_names_its_host_and_process(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "rename", spy)
     _export(checkpoint, tmp_path / "export")
     assert seen and seen[0].startswith(f".export.{socket.gethostname()}.{os.getpid()}.") and seen[0].endswith(".partial")
+
+
+def test_an_export_waits_for_another_to_the_same_out_and_then_replaces_its_finished_one(checkpoint, tmp_path, capsys):
+    """The race CI met: a second export found --out absent, and the first one's finished directory then stood where
+    its rename went. Now the second waits for the first, and with --overwrite replaces what it finished."""
+    out, finished = tmp_path / "export", tmp_path / "finished"
+    _export(checkpoint, finished)
+    capsys.readouterr()
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_export(checkpoint, out, "--overwrite")))
+    with exclusive(out.with_name("export.lock"), "the test"):
+        worker.start()
+        wait_for(lambda: f"waiting for another export to {out}" in capsys.readouterr().err, "the export to wait", timeout_s=60)
+        assert worker.is_alive() and not out.exists()
+        shutil.copytree(finished, out)  # the other export finishes while this one waits
+    worker.join(timeout=120)
+    assert outcome == [None] and (out / "model.safetensors").read_bytes() == (finished / "model.safetensors").read_bytes()
+    assert not list(tmp_path.glob(".export.*")) and not out.with_name("export.lock").exists()
