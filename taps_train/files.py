@@ -17,7 +17,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from taps_train.errors import TapsError, first_line
@@ -242,6 +242,12 @@ def exclusive(lock_file: Path, waiting_for: str) -> Iterator[None]:
     finally:
         lock_file.unlink(missing_ok=True)  # still held here, so nobody can take the removed file's lock and believe it current
         os.close(fd)
+
+
+def exclusive_beside(target: Path, waiting_for: str) -> AbstractContextManager[None]:
+    """`exclusive` on `<target>.lock` next to `target`: for a file or directory that is replaced whole, so the lock
+    cannot live inside it."""
+    return exclusive(target.with_name(target.name + ".lock"), waiting_for)
 
 
 def _read_holder(fd: int) -> str:

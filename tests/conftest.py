@@ -2,6 +2,7 @@
 offline tiny verifier for integration tests (built once per machine, then reused)."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,11 @@ def one_line_error(capsys, argv: list[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
+
+
+def wait_for(condition, what: str, timeout_s: float = 90.0) -> None:
+    """Poll `condition` every 0.1 s; fail naming `what` after `timeout_s` (tests of processes that take turns)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

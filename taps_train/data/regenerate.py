@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from taps_train import files
 from taps_train.data.chat_format import render_chat
 from taps_train.data.conversation import Conversation
-from taps_train.files import exclusive
+from taps_train.files import exclusive_beside
 from taps_train.data.recipe import Regenerate
 
 CHUNK = 32  # conversations per chunk, by default: what a kill can lose (~30 s with transformers, fp32 SmolLM2 math on 2 cores)
@@ -97,7 +97,7 @@ def regenerate(
 
 def _writing(cache_file: Path) -> AbstractContextManager[None]:
     """One writer of a replies file at a time, across processes."""
-    return exclusive(cache_file.with_name(cache_file.name + ".lock"), f"another regeneration into {cache_file}")
+    return exclusive_beside(cache_file, f"another regeneration into {cache_file}")
 
 
 def _copy_replies(source: Path, engine: str, target: Path) -> None:

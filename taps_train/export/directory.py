@@ -26,7 +26,7 @@ def export_directory(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     if out_dir.exists() and not out_dir.is_dir():
         raise TapsError(f"export target {out_dir} is a file; pass a directory for --out")
     with ExitStack() as stack:
-        _enter_beside(stack, files.exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another export to {out_dir}"), out_dir)
+        _enter_beside(stack, files.exclusive_beside(out_dir, f"another export to {out_dir}"), out_dir)
         for line in files.recover_directory(out_dir, "export"):
             print(line)
         if out_dir.exists() and any(out_dir.iterdir()):

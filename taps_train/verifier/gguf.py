@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 
 from taps_train.errors import TapsError, first_line
-from taps_train.files import atomic_directory, exclusive, recover_directory
+from taps_train.files import atomic_directory, exclusive_beside, recover_directory
 from taps_train.home import taps_home
 from taps_train.memory import address_space_limit, check_address_space
 from taps_train.verifier.builds import check_files, write_manifest
@@ -91,7 +91,7 @@ def ensure_gguf_verifier(name_or_path: str, dtype: str = "float32", home: Path |
     if _current(out_dir, fix):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another conversion of {source}"):
+    with exclusive_beside(out_dir, f"another conversion of {source}"):
         if not _current(out_dir, fix):  # another process may have converted it while we waited
             _convert(source, digest, dtype, out_dir)
     check_files(out_dir, MANIFEST, "converted GGUF verifier", fix)

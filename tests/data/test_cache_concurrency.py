@@ -21,7 +21,7 @@ from taps_train.files import exclusive
 from taps_train.data.prepare import RecipePreparer
 from taps_train.data.recipe import Regenerate, load_recipe
 from taps_train.verifier import load_verifier
-from tests.conftest import write_source
+from tests.conftest import wait_for, write_source
 
 SHARD_SAMPLES = 4
 ENTRY = f'''
@@ -62,13 +62,6 @@ def write_recipe(directory: Path, name: str, heldout: int, count: int) -> Path:
 
 def preparer(recipe: Path, verifier: Path, cache_dir: Path) -> RecipePreparer:
     return RecipePreparer(load_recipe(recipe), str(verifier), cache_dir, CacheSettings(shard_samples=SHARD_SAMPLES))
-
-
-def wait_for(condition, what: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_a_second_build_waits_for_the_first_and_computes_nothing(random_verifier_dir, tmp_path, taps_home):

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from taps_train.files import exclusive
-from tests.data.test_cache_concurrency import wait_for
+from tests.conftest import wait_for
 from tests.export.test_export_safety import _export, checkpoint  # noqa: F401 (fixture)
 
 

@@ -37,7 +37,7 @@ from taps_train.data.corpora import (
     sharegpt_package_path,
 )
 from taps_train.errors import TapsError
-from taps_train.files import atomic_directory, exclusive, recover_directory
+from taps_train.files import atomic_directory, exclusive_beside, recover_directory
 from taps_train.home import taps_home
 from taps_train.verifier.builds import check_files, write_manifest
 from taps_train.verifier.generation import greedy_reply
@@ -104,7 +104,7 @@ def build_tiny_verifier(spec: TinyVerifierSpec = TinyVerifierSpec(), home: Path 
     """Build (or, with `force` or when corrupt, rebuild) the tiny verifier and return its directory."""
     out_dir = tiny_verifier_dir(spec, home)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive(out_dir.with_name(out_dir.name + ".lock"), f"another build of {out_dir}"):
+    with exclusive_beside(out_dir, f"another build of {out_dir}"):
         if out_dir.exists() and not force:
             try:
                 check_build(out_dir)
