@@ -101,6 +101,11 @@ class Curves:
         """(variant, samples) of every run in order: the curve's sizes, then each variant at the first size."""
         return [(None, samples) for samples in self.samples] + [(variant, self.samples[0]) for variant in self.variants]
 
+    def points(self) -> list[tuple[int, Evaluation]]:
+        """(step, evaluation) of every record a run makes, the trained drafter first: the point a user wants most."""
+        return [(step, evaluation) for step in reversed(self.steps) for evaluation in self.evaluations
+                if evaluation.at is None or step in evaluation.at]
+
     def run_dir(self, samples: int, variant: str | None = None) -> Path:
         curve = taps_home() / "curves" / self.name
         return (curve / variant if variant else curve) / f"n{samples}"
@@ -358,11 +363,12 @@ def main() -> None:
         curves = Curves.read(args.config)
         if not args.report_only:
             for variant, samples in curves.runs():
-                train(curves, samples, variant)
-                for step in reversed(curves.steps):  # the trained drafter first: the point a user wants most
-                    for evaluation in curves.evaluations:
-                        if evaluation.at is None or step in evaluation.at:
-                            evaluate(curves, samples, step, evaluation, args.engine_python, variant)
+                pending = [(step, evaluation) for step, evaluation in curves.points()
+                           if not curves.record_path(samples, step, evaluation, variant).exists()]
+                if pending:  # a run whose points are all recorded is done, even where its checkpoints are gone
+                    train(curves, samples, variant)
+                for step, evaluation in pending:
+                    evaluate(curves, samples, step, evaluation, args.engine_python, variant)
                 write_report(curves, read_records(curves))
         print(f"[curves] report: {write_report(curves, read_records(curves))}")
     except TapsError as err:

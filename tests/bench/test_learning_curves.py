@@ -1,9 +1,10 @@
 """bench/learning_curves.py end to end on the random verifier: two training-set sizes x two checkpoints, each point
-a record with its trained tokens, a resumed call that redoes nothing, and a report with its fit and figures."""
+a record with its trained tokens, a resumed call that redoes nothing (checkpoints or not), and a report with its fit and figures."""
 
 import importlib.util
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -66,6 +67,10 @@ def test_every_point_is_a_record_and_a_rerun_redoes_nothing(config, tmp_path, mo
 
     stamps = {p: p.stat().st_mtime_ns for p in records}
     monkeypatch.setattr(curves_module.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a} again"))
+    run(config, monkeypatch=monkeypatch)
+    assert {p: p.stat().st_mtime_ns for p in records} == stamps
+    curves = curves_module.Curves.read(str(config))
+    shutil.rmtree(curves.run_dir(24).parent)  # a fresh clone: the committed records, no checkpoints
     run(config, monkeypatch=monkeypatch)
     assert {p: p.stat().st_mtime_ns for p in records} == stamps
     run(config, "--report-only", monkeypatch=monkeypatch)
