@@ -184,19 +184,25 @@ def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, en
     if record.exists():
         return
     checkpoint = checkpoint_path(curves.run_dir(samples, variant), step)
-    with tempfile.TemporaryDirectory() as scratch:
-        output = Path(scratch) / "report.json"
-        command = ["taps-train", "eval", "--drafters", str(checkpoint), "--verifier", curves.verifier, "--temperatures", "0",
-                   *evaluation.args, "--output", str(output)]
-        if "vllm" in evaluation.args and engine_python:
-            command += ["--engine-python", engine_python]
-        print(f"[curves] {run_label(samples, variant)} step {step} {evaluation.name}: {' '.join(command)}", flush=True)
-        subprocess.run(command, check=True)
-        [written] = Path(scratch).glob("report*.json")
-        report = json.loads(written.read_text())
+    print(f"[curves] {run_label(samples, variant)} step {step} {evaluation.name}", flush=True)
+    report = eval_report(checkpoint, curves.verifier, evaluation, engine_python)
     body = {"samples": samples, "step": step, "trained_tokens": trained_tokens(checkpoint), "evaluation": evaluation.name,
             "eval_args": evaluation.args, "report": report} | ({"variant": variant} if variant else {})
     files.write_text(record, json.dumps(body, indent=1, sort_keys=True) + "\n")
+
+
+def eval_report(drafter: Path, verifier: str, evaluation: Evaluation, engine_python: str | None) -> dict:
+    """`taps-train eval` of one drafter (a checkpoint, or an export directory vLLM serves) at T=0, `evaluation`'s way."""
+    with tempfile.TemporaryDirectory() as scratch:
+        output = Path(scratch) / "report.json"
+        command = ["taps-train", "eval", "--drafters", str(drafter), "--verifier", verifier, "--temperatures", "0",
+                   *evaluation.args, "--output", str(output)]
+        if "vllm" in evaluation.args and engine_python:
+            command += ["--engine-python", engine_python]
+        print(f"[curves] {' '.join(command)}", flush=True)
+        subprocess.run(command, check=True)
+        [written] = Path(scratch).glob("report*.json")
+        return json.loads(written.read_text())
 
 
 # --- report ----------------------------------------------------------------------------------------------------------
