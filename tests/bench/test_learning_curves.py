@@ -1,6 +1,7 @@
 """bench/learning_curves.py end to end on the random verifier: two training-set sizes x two checkpoints, each point
 a record with its trained tokens, a resumed call that redoes nothing (checkpoints or not), and a report with its fit and figures."""
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -110,6 +111,15 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     [row] = [line for line in report.splitlines() if line.startswith("| lr_high |") and "| 4 |" in line]
     assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0  # the variant a line beside the curve's run
     assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
+
+
+@pytest.mark.parametrize("steps, every, last_every", [([2, 4], 2, 2), ([500, 1000], 500, 25), ([1000], 1000, 25)])
+def test_a_run_keeps_its_evaluated_steps_and_a_last_checkpoint_every_few_minutes(config, steps, every, last_every):
+    curves = dataclasses.replace(curves_module.Curves.read(str(config)), steps=steps)
+    callbacks = yaml.safe_load(curves_module.write_run_files(curves, 24).read_text())["trainer"]["callbacks"]
+    saves = {(c["init_args"]["every_n_train_steps"], c["init_args"]["save_top_k"], c["init_args"].get("save_last", False))
+             for c in callbacks if "every_n_train_steps" in c.get("init_args", {})}
+    assert saves == {(every, -1, False), (last_every, 0, True)}  # a kill loses at most `last_every` steps, not a whole stretch
 
 
 def test_overrides_change_every_run_and_a_variant_changes_its_own_on_top(config):

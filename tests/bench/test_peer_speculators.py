@@ -58,6 +58,8 @@ def test_the_export_is_the_cache_in_speculators_layout(curve, verifier_dir, tmp_
     assert summary["samples"] == 12 and summary["validation_samples"] == 3 and summary["tokens_per_step"] == 4096
     assert summary["draft_vocab_size"] == round(0.25 * json.loads((verifier_dir / "config.json").read_text())["vocab_size"])
     rows = load_from_disk(str(directory / "dataset"))
+    assert rows.format["type"] == "torch"  # what speculators reads: tensors
+    rows = rows.with_format(None)
     assert len(rows) == 15 and summary["tokens"] == sum(rows["seq_len"][:12])
     norm = load_file(verifier_dir / "model.safetensors")["model.norm.weight"].float()
     cache = peer_module.learning_curves  # the run's cache, read as training reads it

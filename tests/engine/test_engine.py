@@ -30,11 +30,24 @@ def test_served_draft_by_layout_and_backbone(verifier, fingerprint, tmp_path):
         served_draft(sglang, 3)
     with pytest.raises(TapsError, match="only a speculators export is served alone"):
         served_draft(tmp_path / "e2_vllm", 3, alone=True)
-    with pytest.raises(TapsError, match="is not a taps-train export"):
+    with pytest.raises(TapsError, match="is neither a taps-train export .*config.json unreadable"):
         served_draft(tmp_path, 3)
     provenance = tmp_path / "e2_vllm" / "taps_export.json"  # an export written before exports recorded their backbone
     provenance.write_text(json.dumps({k: v for k, v in json.loads(provenance.read_text()).items() if k != "drafter_architecture"}))
     assert served_draft(tmp_path / "e2_vllm", 2).method == "eagle"
+
+
+@pytest.mark.parametrize("config, method", [({"speculators_model_type": "eagle3"}, "eagle3"), ({"speculators_model_type": "eagle"}, "eagle"),
+                                            ({"speculators_model_type": "dflash"}, None), ({"architectures": ["LlamaForCausalLM"]}, None),
+                                            (["eagle3"], None)])
+def test_a_speculators_draft_trained_elsewhere_is_served_by_its_own_type(tmp_path, config, method):
+    (tmp_path / "config.json").write_text(json.dumps(config))  # no taps_export.json: speculators' trainer wrote it
+    if method:
+        served = served_draft(tmp_path, 3)
+        assert (served.model, served.method, served.num_speculative_tokens, served.alone) == (str(tmp_path.resolve()), method, 3, False)
+    else:
+        with pytest.raises(TapsError, match=r"neither a taps-train export .*nor a speculators draft vLLM serves .*served: eagle, eagle3"):
+            served_draft(tmp_path, 3)
 
 
 def test_missing_vllm_is_one_line_with_the_install_command(tmp_path):
