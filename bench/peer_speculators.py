@@ -30,8 +30,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
@@ -46,6 +48,7 @@ _spec = importlib.util.spec_from_file_location("learning_curves", BENCH / "learn
 learning_curves = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(learning_curves)
 Curves, Evaluation = learning_curves.Curves, learning_curves.Evaluation
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -177,13 +180,20 @@ def train_speculators(peer: Peer, data: dict, steps: int, python: str) -> Path:
                "--on-missing", "raise", "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "0",
                "--log-dir", str(peer.work / "logs"), *peer.speculators_args]
     print(f"[peer] {' '.join(command)}", flush=True)
-    began = time.perf_counter()
     if subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}).returncode != 0:
         raise TapsError(f"speculators' training failed (its output is above); rerun to resume it from its last epoch's checkpoint in {save}")
-    seconds = time.perf_counter() - began
     checkpoint = max((d for d in save.iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit()), key=lambda d: int(d.name))
-    files.write_text(done, json.dumps({"checkpoint": str(checkpoint), "steps": steps, "seconds_this_call": round(seconds, 1)}, indent=1) + "\n")
+    files.write_text(done, json.dumps({"checkpoint": str(checkpoint), "steps": steps}, indent=1) + "\n")
     return checkpoint
+
+
+def timed(path: Path, train: Callable[[], T]) -> T:
+    """`train()`, its wall time kept in `path` (JSON) the first time it is called: a resumed call times only its part."""
+    began = time.perf_counter()
+    result = train()
+    if not path.exists():
+        files.write_text(path, json.dumps({"seconds": round(time.perf_counter() - began, 1)}) + "\n")
+    return result
 
 
 # --- report --------------------------------------------------------------------------------------------------------------
@@ -197,7 +207,6 @@ def write_report(peer: Peer, curves: Curves) -> Path:
              f"`{curves.fit_config}`, speculators with its own defaults (bench/peer_speculators.py lists what is set). "
              f"τ at T=0 with 95% intervals over prompts; the difference is paired over the same prompts. Reproduce: "
              f"`python bench/peer_speculators.py --config <this config>`.", ""]
-    trained = peer.work / "trained.json"
     for evaluation in curves.evaluations:
         ours_path, theirs_path = curves.record_path(samples, step, evaluation), peer.record_path(evaluation)
         if not (ours_path.exists() and theirs_path.exists()):
@@ -213,9 +222,11 @@ def write_report(peer: Peer, curves: Curves) -> Path:
             lines.append(f"| {name} | {tau_cell(a)} | {tau_cell(b)} | {learning_curves.difference_cell(a, b)} | "
                          f"{speedup_cell(a)} | {speedup_cell(b)} |")
         lines.append("")
-    if trained.exists():
-        lines += [f"speculators' training: {json.loads(trained.read_text())['seconds_this_call']:,} s in its last call "
-                  "(the whole run when it was not resumed).", ""]
+    times = {who: json.loads(path.read_text())["seconds"] for who, path in
+             (("taps-train", peer.work / "taps_train.json"), ("speculators", peer.work / "speculators.json")) if path.exists()}
+    if times:
+        lines += ["Training wall time on this machine (the first call of each; a resumed run counts only its last part): "
+                  + ", ".join(f"{who} {seconds:,.0f} s ({seconds / step:.2f} s a step)" for who, seconds in times.items()) + ".", ""]
     path = Path(peer.out) / "report.md"
     files.write_text(path, "\n".join(lines))
     return path
@@ -247,19 +258,23 @@ def main() -> None:
         curves = Curves.read(peer.curve)
         samples, step = curves.samples[0], curves.steps[-1]
         if not args.report_only:
-            if not args.speculators_python:
+            ours = [e for e in curves.evaluations if not curves.record_path(samples, step, e).exists()]
+            theirs = [e for e in curves.evaluations if not peer.record_path(e).exists()]
+            if theirs and not args.speculators_python:
                 raise TapsError("--speculators-python is required to train speculators' drafter (or pass --report-only)")
-            data = export_for_speculators(curves, samples, peer.validation_samples, peer.work / "data")
-            learning_curves.train(curves, samples)
-            checkpoint = train_speculators(peer, data, step, args.speculators_python)
-            for evaluation in curves.evaluations:
-                learning_curves.evaluate(curves, samples, step, evaluation, args.engine_python)
-                record = peer.record_path(evaluation)
-                if not record.exists():
+            if ours or theirs:  # first: the cache it builds holds the validation samples too, and the fit finds it
+                data = export_for_speculators(curves, samples, peer.validation_samples, peer.work / "data")
+            if ours:
+                timed(peer.work / "taps_train.json", lambda: learning_curves.train(curves, samples))
+                for evaluation in ours:
+                    learning_curves.evaluate(curves, samples, step, evaluation, args.engine_python)
+            if theirs:
+                checkpoint = timed(peer.work / "speculators.json", lambda: train_speculators(peer, data, step, args.speculators_python))
+                for evaluation in theirs:
                     report = learning_curves.eval_report(checkpoint, curves.verifier, evaluation, args.engine_python)
                     body = {"trainer": "speculators", "samples": samples, "step": step, "evaluation": evaluation.name,
                             "eval_args": evaluation.args, "report": report}
-                    files.write_text(record, json.dumps(body, indent=1, sort_keys=True) + "\n")
+                    files.write_text(peer.record_path(evaluation), json.dumps(body, indent=1, sort_keys=True) + "\n")
         print(f"[peer] report: {write_report(peer, curves)}")
     except TapsError as err:
         sys.exit(f"error: {err}")

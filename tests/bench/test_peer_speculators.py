@@ -6,6 +6,7 @@ samples' loss tokens alone. (speculators itself is not installed here; the bench
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,30 @@ def test_the_shipped_config_names_a_curve_of_one_run():
         peer = peer_module.Peer.read(str(path))
         curves = peer_module.Curves.read(str(ROOT / peer.curve))
         assert len(curves.samples) == 1 and not curves.variants, f"{path}: taps-train's side is one run"
+
+
+def record(tau_counts: tuple[list[int], list[int]]) -> dict:
+    new_tokens, calls = tau_counts
+    return {"report": {"benchmarks": {"math_heldout": {"acceptance_length": sum(new_tokens) / sum(calls), "tau_ci95": [1.0, 3.0],
+                                                       "prompt_new_tokens": new_tokens, "prompt_verify_calls": calls,
+                                                       "speedup": 1.5, "speedup_ci95": [1.2, 1.8]}}}}
+
+
+def test_a_fresh_clone_with_both_records_trains_nothing_and_writes_the_paired_report(curve, tmp_path, monkeypatch):
+    """The committed records are the comparison: no speculators, no checkpoints, no training, the same report."""
+    peer = tmp_path / "peer.yaml"
+    peer.write_text(yaml.safe_dump({"name": "p", "curve": str(curve), "out": str(tmp_path / "out")}))
+    curves = peer_module.Curves.read(str(curve))
+    [evaluation] = curves.evaluations
+    curves.record_path(12, 2, evaluation).parent.mkdir(parents=True)
+    curves.record_path(12, 2, evaluation).write_text(json.dumps(record(([40, 30, 50], [10, 10, 10]))))
+    theirs = peer_module.Peer.read(str(peer)).record_path(evaluation)
+    theirs.parent.mkdir(parents=True, exist_ok=True)
+    theirs.write_text(json.dumps(record(([30, 30, 30], [10, 10, 10]))))
+    monkeypatch.setattr(peer_module.subprocess, "run", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(peer_module, "export_for_speculators", lambda *a: pytest.fail("exported"))
+    monkeypatch.setattr(sys, "argv", ["peer_speculators.py", "--config", str(peer)])
+    peer_module.main()
+    [row] = [line for line in (tmp_path / "out" / "report.md").read_text().splitlines() if line.startswith("| math_heldout")]
+    assert row.startswith("| math_heldout | 4.00 [1.00, 3.00] | 3.00 [1.00, 3.00] | +1.00 [")  # paired over the 3 prompts
+    assert row.endswith("| 1.50x [1.20, 1.80] | 1.50x [1.20, 1.80] |")
