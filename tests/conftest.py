@@ -1,9 +1,11 @@
 """Shared fixtures: a tiny *random* Llama verifier for unit tests (seconds to build) and the real
 offline tiny verifier for integration tests (built once per machine, then reused)."""
 
+import importlib.util
 import json
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -104,6 +106,14 @@ def one_line_error(capsys, argv: list[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     return err
+
+
+def bench_script(name: str) -> ModuleType:
+    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def wait_for(condition, what: str, timeout_s: float = 90.0) -> None:

@@ -2,7 +2,6 @@
 a record with its trained tokens, a resumed call that redoes nothing (checkpoints or not), and a report with its fit and figures."""
 
 import dataclasses
-import importlib.util
 import json
 import re
 import shutil
@@ -12,13 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import write_source
+from tests.conftest import bench_script, write_source
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "benchmarks"
-spec = importlib.util.spec_from_file_location("learning_curves", ROOT / "bench" / "learning_curves.py")
-curves_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(curves_module)
+curves_module = bench_script("learning_curves")
 
 pytestmark = pytest.mark.usefixtures("taps_home")
 

@@ -3,7 +3,6 @@ verifier: the rows and hidden states speculators reads are the cache's samples (
 state gives back the cache's post-norm targets through the verifier's norm, and its token frequencies are the training
 samples' loss tokens alone. (speculators itself is not installed here; the bench runs it in its own venv.)"""
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -16,12 +15,11 @@ from datasets import load_from_disk
 from safetensors.torch import load_file, save_file
 
 from taps_train.errors import TapsError
-from tests.conftest import write_source
+from tests.bench.test_learning_curves import config  # noqa: F401 (fixture)
+from tests.conftest import bench_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("peer_speculators", ROOT / "bench" / "peer_speculators.py")
-peer_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(peer_module)
+peer_module = bench_script("peer_speculators")
 
 pytestmark = pytest.mark.usefixtures("taps_home")
 
@@ -38,17 +36,13 @@ def verifier_dir(random_verifier_dir, tmp_path) -> Path:
 
 
 @pytest.fixture
-def curve(verifier_dir, tmp_path) -> Path:
-    source = write_source(tmp_path / "data.jsonl", 30, seed=2)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"name": "peer", "max_length": 96, "sources": [{"source": "jsonl", "args": {"path": str(source)},
-                                                                                     "heldout": 4, "count": 20}]}))
-    path = tmp_path / "curve.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": "peer_test", "fit_config": str(ROOT / "configs" / "tiny" / "eagle3_math.yaml"), "recipe": str(recipe),
-        "verifier": str(verifier_dir), "samples": [12], "steps": [2], "out": str(tmp_path / "out"),
-        "evaluations": {"vllm_chain3": {"args": ["--engine", "vllm", "--speculative-tokens", 3]}}}))
-    return path
+def curve(config, verifier_dir, tmp_path) -> Path:
+    """The learning-curve tests' curve as a peer comparison's: one EAGLE-3 run, evaluated in vLLM."""
+    raw = yaml.safe_load(config.read_text())
+    raw.update(name="peer_test", fit_config=str(ROOT / "configs" / "tiny" / "eagle3_math.yaml"), verifier=str(verifier_dir),
+               samples=[12], steps=[2], evaluations={"vllm_chain3": {"args": ["--engine", "vllm", "--speculative-tokens", 3]}})
+    config.write_text(yaml.safe_dump(raw))
+    return config
 
 
 def test_the_export_is_the_cache_in_speculators_layout(curve, verifier_dir, tmp_path):
