@@ -281,13 +281,30 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
                              f"{curves.steps[-1]:,}; at 10x the data ({10 * largest:,}) it predicts τ {predict[10]:.2f}, at 100x "
                              f"{predict[100]:.2f} (a log-linear extrapolation: curves bend down as they near the tree's ceiling, "
                              "so read these as upper estimates, and only at this many steps)")
-        lines.append("")
+        lines += size_differences(rows, benchmarks) + [""]
         plot(curves, evaluation, [r for r in records if r["evaluation"] == evaluation.name], benchmarks, out)  # variants too
         lines += [f"![τ against trained tokens]({evaluation.name}_tau_vs_tokens.png)",
                   f"![τ against distinct samples]({evaluation.name}_tau_vs_samples.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines + variants_section(curves, records, benchmarks)))
     return path
+
+
+def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
+    """The largest training set's τ minus each smaller one's at every step both reached, paired over the same prompts:
+    where more distinct data starts to pay, at equal training tokens. Only where both decoded with the same tree (`--tree
+    auto` picks one per drafter and machine load)."""
+    by_run = {(r["samples"], r["step"]): r["report"] for r in rows}
+    largest = max((n for n, _ in by_run), default=None)
+    lines = []
+    for (samples, step), report in sorted(by_run.items()):
+        reference = by_run.get((largest, step))
+        if samples == largest or reference is None or tree_cell(reference.get("tree")) != tree_cell(report.get("tree")):
+            continue
+        results, reference = report["benchmarks"], reference["benchmarks"]
+        cells = [f"{b} {difference_cell(reference.get(b), results.get(b))}" for b in benchmarks if reference.get(b) and results.get(b)]
+        lines.append(f"- N = {largest:,} minus N = {samples:,} at step {step:,} [paired 95%]: {', '.join(cells)}")
+    return lines
 
 
 def tree_cell(tree: dict | None) -> str:
