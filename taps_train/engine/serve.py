@@ -95,7 +95,8 @@ def _speculators_draft(directory: Path, num_speculative_tokens: int, alone: bool
     except (OSError, ValueError) as err:
         method, config = None, err
     if method not in SPECULATORS_METHODS:
-        found = f"speculators_model_type {method!r}" if isinstance(config, dict) else f"config.json unreadable: {config}"
+        found = (f"speculators_model_type {method!r}" if isinstance(config, dict) else
+                 f"config.json unreadable: {config}" if isinstance(config, Exception) else "config.json is not a JSON object")
         raise TapsError(f"{directory} is neither a taps-train export (no taps_export.json) nor a speculators draft vLLM serves ({found}; "
                         f"served: {', '.join(SPECULATORS_METHODS)}); write one with `taps-train export CKPT --out DIR --format vllm`")
     return ServedDraft(str(directory.resolve()), method, num_speculative_tokens, alone)
