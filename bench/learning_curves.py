@@ -102,10 +102,11 @@ class Curves:
         """(variant, samples) of every run in order: the curve's sizes, then each variant at the first size."""
         return [(None, samples) for samples in self.samples] + [(variant, self.samples[0]) for variant in self.variants]
 
-    def points(self) -> list[tuple[int, Evaluation]]:
-        """(step, evaluation) of every record a run makes, the trained drafter first: the point a user wants most."""
+    def pending(self, samples: int, variant: str | None = None) -> list[tuple[int, Evaluation]]:
+        """(step, evaluation) of every record of run `samples` not yet written, the trained drafter first: the point a
+        user wants most."""
         return [(step, evaluation) for step in reversed(self.steps) for evaluation in self.evaluations
-                if evaluation.at is None or step in evaluation.at]
+                if (evaluation.at is None or step in evaluation.at) and not self.record_path(samples, step, evaluation, variant).exists()]
 
     def run_dir(self, samples: int, variant: str | None = None) -> Path:
         curve = taps_home() / "curves" / self.name
@@ -389,8 +390,7 @@ def main() -> None:
         curves = Curves.read(args.config)
         if not args.report_only:
             for variant, samples in curves.runs():
-                pending = [(step, evaluation) for step, evaluation in curves.points()
-                           if not curves.record_path(samples, step, evaluation, variant).exists()]
+                pending = curves.pending(samples, variant)
                 if pending:  # a run whose points are all recorded is done, even where its checkpoints are gone
                     train(curves, samples, variant)
                 for step, evaluation in pending:

@@ -143,10 +143,10 @@ def export_for_speculators(curves: Curves, samples: int, validation: int, direct
 
 def final_norm_weight(verifier_dir: Path):
     """The verifier's final RMSNorm weight, from whichever of its safetensors files holds it."""
-    from safetensors import safe_open
+    from taps_train.verifier.loading import open_safetensors
 
     for path in sorted(verifier_dir.glob("*.safetensors")):
-        with safe_open(path, "pt") as handle:
+        with open_safetensors(path) as handle:
             if "model.norm.weight" in handle.keys():
                 return handle.get_tensor("model.norm.weight").float()
     raise TapsError(f"verifier {verifier_dir}: no model.norm.weight in its safetensors files; the export needs its final norm")
@@ -258,7 +258,7 @@ def main() -> None:
         curves = Curves.read(peer.curve)
         samples, step = curves.samples[0], curves.steps[-1]
         if not args.report_only:
-            ours = [e for e in curves.evaluations if not curves.record_path(samples, step, e).exists()]
+            ours = curves.pending(samples)
             theirs = [e for e in curves.evaluations if not peer.record_path(e).exists()]
             if theirs and not args.speculators_python:
                 raise TapsError("--speculators-python is required to train speculators' drafter (or pass --report-only)")
@@ -266,8 +266,8 @@ def main() -> None:
                 data = export_for_speculators(curves, samples, peer.validation_samples, peer.work / "data")
             if ours:
                 timed(peer.work / "taps_train.json", lambda: learning_curves.train(curves, samples))
-                for evaluation in ours:
-                    learning_curves.evaluate(curves, samples, step, evaluation, args.engine_python)
+                for at, evaluation in ours:
+                    learning_curves.evaluate(curves, samples, at, evaluation, args.engine_python)
             if theirs:
                 checkpoint = timed(peer.work / "speculators.json", lambda: train_speculators(peer, data, step, args.speculators_python))
                 for evaluation in theirs:
