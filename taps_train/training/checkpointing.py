@@ -5,6 +5,10 @@ in `logs/`). Lightning creates the loggers' folders before a checkpoint callback
 "exists and is not empty" check fires on every fresh run; `RunCheckpoint` warns only when the directory
 already holds checkpoints that this run may overwrite or mix with.
 
+Both replace a checkpoint of the same name, where Lightning would save beside it as `last-v1.ckpt`: a run
+resumed with another checkpoint schedule, or started afresh in a directory that holds a `last.ckpt`, would
+write `last-v1.ckpt` and leave `last.ckpt` (what `--ckpt_path`, eval and export read) the old weights.
+
 Both write every checkpoint under a temporary name and rename it into place (`files`): a kill or a full disk during a
 save leaves the previous checkpoint of that name, never a truncated one that `--ckpt_path`, eval or a study would take.
 
@@ -27,6 +31,9 @@ from taps_train import files
 
 class RunCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that warns about earlier checkpoints in its directory, not about other files (logs)."""
+
+    def __init__(self, *args, enable_version_counter: bool = False, **kwargs) -> None:
+        super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: str) -> None:  # replaces Lightning's private check, called in `setup`
         if self.save_top_k == 0 or not self._fs.isdir(dirpath):

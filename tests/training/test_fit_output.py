@@ -90,3 +90,13 @@ def test_a_directory_holding_checkpoints_still_warns(recipe, random_verifier_dir
     found = directory_warnings(caught)
     assert found and all(w.startswith(f"Checkpoint directory {run} already holds 3 checkpoint(s) (best-step=2.ckpt, epoch=0-step=2.ckpt, last.ckpt)")
                          for w in found)
+
+
+def test_a_second_run_replaces_its_checkpoints_rather_than_saving_beside_them(recipe, random_verifier_dir, tmp_path):
+    """Lightning's version counter would save `last-v1.ckpt` and leave `last.ckpt`, which eval and export read, the old run's."""
+    run = tmp_path / "run"
+    fit(recipe, random_verifier_dir, run, **run_layout(run, RunCheckpoint))
+    first = (run / "last.ckpt").stat().st_mtime_ns
+    fit(recipe, random_verifier_dir, run, **run_layout(run, RunCheckpoint))
+    assert sorted(path.name for path in run.glob("*.ckpt")) == ["best-step=2.ckpt", "epoch=0-step=2.ckpt", "last.ckpt"]
+    assert (run / "last.ckpt").stat().st_mtime_ns > first
