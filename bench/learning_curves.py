@@ -309,10 +309,15 @@ def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
 
 
 def tree_cell(tree: dict | None) -> str:
-    """total/depth/top-k of the tree an evaluation decoded with; `plain` where --tree auto found no tree that pays."""
+    """total/depth/top-k of the tree an evaluation decoded with; `plain` where --tree auto found no tree that pays; `chain
+    of k` where the tree is one line of k drafted tokens (vLLM's chains: total 4, depth 2, top-k 1 in EAGLE-2's terms)."""
     if not tree:
         return ""
-    return "plain" if tree["total_tokens"] == 1 else f"{tree['total_tokens']}/{tree['depth']}/{tree['top_k']}"
+    if tree["total_tokens"] == 1:
+        return "plain"
+    if tree["top_k"] == 1 and tree["total_tokens"] == tree["depth"] + 2:
+        return f"chain of {tree['total_tokens'] - 1}"
+    return f"{tree['total_tokens']}/{tree['depth']}/{tree['top_k']}"
 
 
 def variants_section(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:

@@ -172,3 +172,11 @@ def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_tree
     rows = [row(400, 10, [40, 40, 40], chain), row(100, 10, [30, 30, 30], chain), row(100, 20, [30, 30, 30], chain),
             row(400, 30, [40, 40, 40], chain), row(100, 30, [30, 30, 30], {"total_tokens": 1, "depth": 1, "top_k": 1})]
     assert curves_module.size_differences(rows, ["math"]) == ["- N = 400 minus N = 100 at step 10 [paired 95%]: math +1.00 [+1.00, +1.00]"]
+
+
+@pytest.mark.parametrize(("tree", "cell"), [(None, ""), ({"total_tokens": 1, "depth": 1, "top_k": 1}, "plain"),
+                                            ({"total_tokens": 4, "depth": 2, "top_k": 1}, "chain of 3"),
+                                            ({"total_tokens": 16, "depth": 4, "top_k": 4}, "16/4/4"),
+                                            ({"total_tokens": 3, "depth": 2, "top_k": 1}, "3/2/1")])  # a chain cut short by total_tokens
+def test_a_tree_reads_as_plain_a_chain_or_its_shape(tree, cell):
+    assert curves_module.tree_cell(tree) == cell
