@@ -153,8 +153,35 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     for overrides in (curves.overrides, curves.variants.get(variant, {})):
         for section, arguments in overrides.items():
             (trainer if section == "trainer" else config[section]["init_args"]).update(arguments)
+    check_resumable(run_dir, config)
     (run_dir / "fit.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir / "fit.yaml"
+
+
+def check_resumable(run_dir: Path, config: dict) -> None:
+    """Refuse to resume a run whose checkpoints trained under another config: `--ckpt_path` would go on with the new
+    steps, rates or data from the old run's weights, optimizer and schedule, a mix that no config describes."""
+    old_path = run_dir / "fit.yaml"
+    if not ((run_dir / "last.ckpt").exists() and old_path.exists()):
+        return
+    changed = differences(training_part(yaml.safe_load(old_path.read_text())), training_part(config))
+    if changed:
+        raise TapsError(f"{run_dir} holds checkpoints of a run trained with another config ({', '.join(changed)} changed since: "
+                        f"the curve config, its fit config or its overrides); delete {run_dir} to train it afresh, or restore them")
+
+
+def training_part(config: dict) -> dict:
+    """What decides the weights a fit trains to: all of its config but the trainer's folders, logger and callbacks."""
+    trainer = {key: value for key, value in config["trainer"].items() if key not in ("default_root_dir", "logger", "callbacks")}
+    return {**config, "trainer": trainer}
+
+
+def differences(old: object, new: object, where: str = "") -> list[str]:
+    """The dotted paths at which two parsed YAML documents differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [path for key in sorted(old.keys() | new.keys(), key=str)
+                for path in differences(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))]
+    return [] if old == new else [where]
 
 
 def train(curves: Curves, samples: int, variant: str | None = None) -> None:

@@ -180,3 +180,17 @@ def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_tree
                                             ({"total_tokens": 3, "depth": 2, "top_k": 1}, "3/2/1")])  # a chain cut short by total_tokens
 def test_a_tree_reads_as_plain_a_chain_or_its_shape(tree, cell):
     assert curves_module.tree_cell(tree) == cell
+
+
+def test_a_run_with_checkpoints_is_not_resumed_under_another_config(config):
+    curves = curves_module.Curves.read(str(config))
+    run_dir = curves_module.write_run_files(curves, 24).parent
+    (run_dir / "last.ckpt").write_bytes(b"a checkpoint")
+    callbacks_only = dataclasses.replace(curves, steps=[1, 4])  # checkpoints every step: the weights it trains to are the same
+    assert curves_module.write_run_files(callbacks_only, 24) == run_dir / "fit.yaml"
+    for changed, where in [(dataclasses.replace(curves, steps=[2, 8]), "trainer.max_steps, trainer.val_check_interval"),
+                           (dataclasses.replace(curves, overrides={"model": {"lr": 0.5}}), "model.init_args.lr")]:
+        with pytest.raises(curves_module.TapsError, match=rf"{run_dir} holds checkpoints of a run trained with another config \({where} changed"):
+            curves_module.write_run_files(changed, 24)
+    (run_dir / "last.ckpt").unlink()  # nothing to resume: a new config is a new run
+    assert curves_module.write_run_files(dataclasses.replace(curves, steps=[2, 8]), 24) == run_dir / "fit.yaml"
