@@ -37,6 +37,7 @@ from taps_train.home import taps_home
 from taps_train.user_yaml import read_yaml
 
 CHECKPOINT_CALLBACKS = ("taps_train.training.checkpointing.LastCheckpoint", "taps_train.training.checkpointing.RunCheckpoint")
+TIMER = "lightning.pytorch.callbacks.Timer"  # its elapsed training time rides in every checkpoint and survives a resume
 RESUME_EVERY = 25  # steps between the run's last.ckpt saves, whatever steps it evaluates: a kill loses a minute or two
 # What a run's own fit config sets and a variant may not: the steps, folders and data of the curve.
 CURVE_SETS = {"trainer": {"max_steps", "val_check_interval", "check_val_every_n_epoch", "default_root_dir", "logger", "callbacks"},
@@ -142,11 +143,12 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     trainer = config["trainer"]
     trainer.update(max_steps=last, val_check_interval=last, check_val_every_n_epoch=None, default_root_dir=str(run_dir))
     trainer["logger"]["init_args"]["save_dir"] = str(run_dir)
-    callbacks = [c for c in trainer.get("callbacks", []) if c["class_path"] not in CHECKPOINT_CALLBACKS]
+    callbacks = [c for c in trainer.get("callbacks", []) if c["class_path"] not in (*CHECKPOINT_CALLBACKS, TIMER)]
     callbacks += [{"class_path": CHECKPOINT_CALLBACKS[1], "init_args": {"dirpath": str(run_dir), "filename": "{step}",
                                                                         "every_n_train_steps": every, "save_top_k": -1}},
                   {"class_path": CHECKPOINT_CALLBACKS[0], "init_args": {"dirpath": str(run_dir), "save_last": True, "save_top_k": 0,
-                                                                        "every_n_train_steps": min(every, RESUME_EVERY)}}]
+                                                                        "every_n_train_steps": min(every, RESUME_EVERY)}},
+                  {"class_path": TIMER, "init_args": {"verbose": False}}]
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
@@ -199,10 +201,14 @@ def train(curves: Curves, samples: int, variant: str | None = None) -> None:
 # --- evaluation ------------------------------------------------------------------------------------------------------
 
 
-def trained_tokens(checkpoint: Path) -> int:
+def trained(checkpoint: Path) -> dict:
+    """How much training a checkpoint holds: its tokens, and its fit's wall time where the run kept a Timer (older runs
+    did not): the basis of τ per unit of compute, for variants that change the cost of a step."""
     import torch
 
-    return int(torch.load(checkpoint, map_location="cpu", weights_only=True)["taps"]["trained_tokens"])
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    seconds = saved.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {}).get("train")
+    return {"trained_tokens": int(saved["taps"]["trained_tokens"])} | ({"trained_seconds": round(seconds, 3)} if seconds is not None else {})
 
 
 def run_label(samples: int, variant: str | None) -> str:
@@ -217,7 +223,7 @@ def evaluate(curves: Curves, samples: int, step: int, evaluation: Evaluation, en
     checkpoint = checkpoint_path(curves.run_dir(samples, variant), step)
     print(f"[curves] {run_label(samples, variant)} step {step} {evaluation.name}", flush=True)
     report = eval_report(checkpoint, curves.verifier, evaluation, engine_python)
-    body = {"samples": samples, "step": step, "trained_tokens": trained_tokens(checkpoint), "evaluation": evaluation.name,
+    body = {"samples": samples, "step": step, **trained(checkpoint), "evaluation": evaluation.name,
             "eval_args": evaluation.args, "report": report} | ({"variant": variant} if variant else {})
     files.write_text(record, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
@@ -276,15 +282,16 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
     lines = [f"# Learning curves: {curves.name}", "",
              f"Fit config {fit} on the first N conversations of `{curves.recipe}`, verifier `{curves.verifier}`, "
              f"checkpoints at steps {curves.steps}; τ at T=0 with 95% intervals over prompts (taps_train.eval.intervals). Reproduce: "
-             f"`python bench/learning_curves.py --config <this config>` (records in `records/`).", ""]
+             f"`python bench/learning_curves.py --config <this config>` (records in `records/`). Training time: the fit's wall "
+             "time to that checkpoint (Lightning's Timer, on the machine that trained it; blank for runs that kept none).", ""]
     benchmarks = sorted({name for r in records for name in r["report"]["benchmarks"]})
     for evaluation in curves.evaluations:
         rows = [r for r in records if r["evaluation"] == evaluation.name and not r.get("variant")]
         if not rows:
             continue
         lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", "",
-                  "| samples | step | trained tokens | tree | " + " | ".join(f"{b} τ | {b} speedup" for b in benchmarks) + " |",
-                  "| --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
+                  "| samples | step | trained tokens | training time | tree | " + " | ".join(f"{b} τ | {b} speedup" for b in benchmarks) + " |",
+                  "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
         for r in sorted(rows, key=lambda r: (r["samples"], r["step"])):
             cells = []
             for b in benchmarks:
@@ -295,7 +302,7 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
                 speedup = result.get("speedup")
                 cells += [f"{result['acceptance_length']:.2f} {_interval(result.get('tau_ci95'))}",
                           f"{speedup:.2f}x {_interval(result.get('speedup_ci95'))}" if speedup else ""]
-            lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | {tree_cell(r['report'].get('tree'))} | "
+            lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | {minutes_cell(r)} | {tree_cell(r['report'].get('tree'))} | "
                          + " | ".join(cells) + " |")
         lines.append("")
         for b in benchmarks:
@@ -335,6 +342,11 @@ def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
     return lines
 
 
+def minutes_cell(record: dict) -> str:
+    seconds = record.get("trained_seconds")
+    return f"{seconds / 60:.1f} min" if seconds else ""
+
+
 def tree_cell(tree: dict | None) -> str:
     """total/depth/top-k of the tree an evaluation decoded with; `plain` where --tree auto found no tree that pays; `chain
     of k` where the tree is one line of k drafted tokens (vLLM's chains: total 4, depth 2, top-k 1 in EAGLE-2's terms)."""
@@ -355,15 +367,15 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
     samples = curves.samples[0]
     curve = {(r["step"], r["evaluation"]): r["report"]["benchmarks"] for r in records if not r.get("variant") and r["samples"] == samples}
     lines = [f"## Recipe variants: N = {samples:,}, each against the curve's run of that size", "",
-             "| variant | changes | evaluation | step | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
-             "| --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
+             "| variant | changes | evaluation | step | training time | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
+             "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
     for variant, overrides in curves.variants.items():
         for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
             cells = []
             for b in benchmarks:
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
-            lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | " + " | ".join(cells) + " |")
+            lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
                     "training's: one fit per run, so a seed can move τ too.", ""]
 

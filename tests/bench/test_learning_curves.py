@@ -56,11 +56,13 @@ def test_every_point_is_a_record_and_a_rerun_redoes_nothing(config, tmp_path, mo
                                                 "n8_step2_fixed.json", "n8_step4_fixed.json", "n8_step4_fixed_last.json"])
     bodies = {p.name: json.loads(p.read_text()) for p in records}
     for samples in (24, 8):
-        assert 0 < bodies[f"n{samples}_step2_fixed.json"]["trained_tokens"] < bodies[f"n{samples}_step4_fixed.json"]["trained_tokens"]
+        early, late = bodies[f"n{samples}_step2_fixed.json"], bodies[f"n{samples}_step4_fixed.json"]
+        assert 0 < early["trained_tokens"] < late["trained_tokens"] and 0 < early["trained_seconds"] < late["trained_seconds"]
     assert bodies["n24_step4_fixed.json"]["report"]["benchmarks"]["gsm8k"]["acceptance_length"] >= 1
     assert "speedup" not in bodies["n24_step4_fixed_last.json"]["report"]["benchmarks"]["gsm8k"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| 24 | 4 |" in report and "| 8 | 2 |" in report and "predicts τ" in report and "| 4/2/2 |" in report  # the tree decoded with
+    assert re.search(r"\| 24 \| 4 \| [\d,]+ \| \d+\.\d min \|", report)  # with its training time
     assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0 and (tmp_path / "out" / "fixed_tau_vs_samples.png").exists()
 
     stamps = {p: p.stat().st_mtime_ns for p in records}
@@ -88,7 +90,9 @@ def test_a_run_killed_after_its_first_checkpoint_resumes_from_it(config, tmp_pat
     curves_module.train(curves, 8)
     assert calls and calls[0][-2:] == ["--ckpt_path", str(run_dir / "last.ckpt")]
     assert (run_dir / "step=4.ckpt").exists()
-    assert curves_module.trained_tokens(run_dir / "step=4.ckpt") > curves_module.trained_tokens(run_dir / "step=2.ckpt")
+    before, after = curves_module.trained(run_dir / "step=2.ckpt"), curves_module.trained(run_dir / "step=4.ckpt")
+    assert after["trained_tokens"] > before["trained_tokens"]
+    assert after["trained_seconds"] > before["trained_seconds"]  # the Timer went on from the checkpoint's time, not from 0
 
 
 @pytest.mark.integration  # ~40 s: 2 fits and 4 evaluations
