@@ -148,7 +148,7 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
                                                                         "every_n_train_steps": every, "save_top_k": -1}},
                   {"class_path": CHECKPOINT_CALLBACKS[0], "init_args": {"dirpath": str(run_dir), "save_last": True, "save_top_k": 0,
                                                                         "every_n_train_steps": min(every, RESUME_EVERY)}},
-                  {"class_path": TIMER, "init_args": {"verbose": False}}]
+                  {"class_path": TIMER, "init_args": {"interval": "step", "verbose": False}}]  # a string: the CLI cannot write its enum default back to YAML
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
