@@ -6,6 +6,10 @@ reduced draft vocabulary.
     out = g + attn(x);  out = out + mlp(post_attention_layernorm(out))
     logits over the draft vocabulary = lm_head(norm(out)); `out` (pre-norm) is the next step's g
 
+Two variants engines serve (vLLM, speculators; flags in the config): `norm_before_fc` puts an RMSNorm (`input_norm`)
+on the fused features before fc, so the low, mid and high states reach fc at one scale; `norm_output` feeds norm(out)
+forward instead of `out` (the head then reads it as is), so the hidden state keeps its scale over a draft's depth.
+
 Inside a draft the drafter reads its own `out` instead of verifier features (no fc). `lm_head` is
 trained and covers `draft_vocab_size` tokens; `d2t[i]` is the offset from draft id i to its verifier
 id (verifier id = i + d2t[i]) and `t2d` marks the verifier ids in the draft vocabulary, as EAGLE-3
@@ -29,6 +33,8 @@ from taps_train.drafter.model import DrafterAttention, KVCache, layer_shapes, ve
 from taps_train.errors import TapsError
 
 TTT_STEPS = 7
+NORM_VARIANTS = ("norm_before_fc", "norm_output")  # config flags; False when absent (drafts from before them)
+UNBUILT_VARIANTS = ("norm_before_residual", "fc_norm")  # other EAGLE-3 variants vLLM serves, which taps-train does not build
 FUSED_LAYERS = 3  # low, mid, high: serving engines' fc reads three verifier states (3H -> H)
 
 
@@ -79,8 +85,9 @@ def token_maps(token_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, 
 
 
 def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | float,
-                  feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
-    """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary (in tokens) and the fused layers."""
+                  feature_layers: tuple[int, ...] | None = None, norm_before_fc: bool = False, norm_output: bool = False) -> LlamaConfig:
+    """The verifier's sizes (as EAGLE-1/2's config takes them) plus the draft vocabulary (in tokens), the fused layers
+    and the norm variants."""
     text = verifier_config.get_text_config(decoder=True)
     config = drafter_config(verifier_config)
     config.architectures = [Eagle3Drafter.architecture]
@@ -88,7 +95,12 @@ def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | flo
     config.target_hidden_size = text.hidden_size
     layers = tuple(feature_layers) if feature_layers else default_feature_layers(text.num_hidden_layers)
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(layers)}
+    config.norm_before_fc, config.norm_output = norm_before_fc, norm_output
     return config
+
+
+def norm_variants(config: PretrainedConfig) -> dict[str, bool]:
+    return {flag: bool(getattr(config, flag, False)) for flag in NORM_VARIANTS}
 
 
 class Eagle3Layer(nn.Module):
@@ -116,7 +128,10 @@ class Eagle3Drafter(DrafterBackbone):
         self.config = config
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
         self.embed_tokens = nn.Embedding(vocab, hidden, device="meta")  # the verifier's, with `use_verifier_parts`
-        self.fc = nn.Linear(len(self.feature_layers) * config.target_hidden_size, hidden, bias=False)
+        self.norm_before_fc, self.norm_output = norm_variants(config).values()
+        fused = len(self.feature_layers) * config.target_hidden_size
+        self.input_norm = LlamaRMSNorm(fused, eps=config.rms_norm_eps) if self.norm_before_fc else None
+        self.fc = nn.Linear(fused, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
@@ -131,14 +146,15 @@ class Eagle3Drafter(DrafterBackbone):
 
     @classmethod
     def config_for(cls, verifier_config: PretrainedConfig, draft_vocab_size: int | float = 32000,
-                   feature_layers: tuple[int, ...] | None = None) -> LlamaConfig:
-        return eagle3_config(verifier_config, draft_vocab_size, feature_layers)
+                   feature_layers: tuple[int, ...] | None = None, norm_before_fc: bool = False, norm_output: bool = False) -> LlamaConfig:
+        return eagle3_config(verifier_config, draft_vocab_size, feature_layers, norm_before_fc, norm_output)
 
     @classmethod
     def tensor_shapes(cls, config: LlamaConfig, bias: bool, embeddings: bool) -> dict[str, tuple[int, ...]]:
         hidden = config.hidden_size
         layers = len(config.eagle_config["eagle_aux_hidden_state_layer_ids"])
         shapes = {
+            **({"input_norm.weight": (layers * config.target_hidden_size,)} if norm_variants(config)["norm_before_fc"] else {}),
             "fc.weight": (hidden, layers * config.target_hidden_size),
             "midlayer.input_layernorm.weight": (hidden,),
             "midlayer.hidden_norm.weight": (hidden,),
@@ -156,7 +172,7 @@ class Eagle3Drafter(DrafterBackbone):
     @classmethod
     def serving_fields(cls, config: LlamaConfig, layer_offset: int) -> dict:
         layers = [i + layer_offset for i in config.eagle_config["eagle_aux_hidden_state_layer_ids"]]
-        return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}}
+        return {"eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}, **norm_variants(config)}
 
     @classmethod
     def check_servable(cls, config: LlamaConfig, verifier_layers: int | None, where: str) -> None:
@@ -189,13 +205,20 @@ class Eagle3Drafter(DrafterBackbone):
     @classmethod
     def from_serving(cls, config_dict: dict, tensors: dict[str, torch.Tensor], verifier_config: PretrainedConfig, where: str,
                      layer_offset: int) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-        """`t2d`, which SGLang never reads, is rebuilt from `d2t` when absent."""
+        """`t2d`, which SGLang never reads, is rebuilt from `d2t` when absent. A norm flag counts where vLLM looks for it
+        (`eagle_config`, then the top level); the variants taps-train does not build are refused, not drafted without."""
         try:
-            layers = [int(i) - layer_offset for i in config_dict["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+            eagle_config = dict(config_dict["eagle_config"])
+            layers = [int(i) - layer_offset for i in eagle_config["eagle_aux_hidden_state_layer_ids"]]
         except (KeyError, TypeError, ValueError) as err:
             raise TapsError(f"{where}: config.json lacks eagle_config.eagle_aux_hidden_state_layer_ids; it is not an EAGLE-3 draft") from err
+        flags = {flag: bool(eagle_config.get(flag, config_dict.get(flag, False))) for flag in (*NORM_VARIANTS, *UNBUILT_VARIANTS)}
+        if unbuilt := [flag for flag in UNBUILT_VARIANTS if flags.pop(flag)]:
+            raise TapsError(f"{where}: the draft sets {unbuilt}; taps-train's EAGLE-3 drafter has no such variant (it builds "
+                            f"{' and '.join(NORM_VARIANTS)}) and would draft differently")
         check_layers(FeatureContract(tuple(layers)), verifier_config, "given to read " + where)
-        config = LlamaConfig.from_dict({**config_dict, "architectures": [cls.architecture], "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
+        config = LlamaConfig.from_dict({**config_dict, **flags, "architectures": [cls.architecture],
+                                        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}})
         config.target_hidden_size = getattr(config, "target_hidden_size", None) or config.hidden_size
         if "t2d" not in tensors and "d2t" in tensors:
             tensors["t2d"] = token_maps(draft_token_ids(tensors["d2t"]), config.vocab_size)[1]
@@ -254,7 +277,9 @@ class Eagle3Drafter(DrafterBackbone):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The hidden state a step reads: fc over fused verifier features, or (inside a draft) its own."""
         dtype = self.fc.weight.dtype
-        return self.fc(features.to(dtype)) if features.shape[-1] == self.fc.in_features else features.to(dtype)
+        if features.shape[-1] != self.fc.in_features:
+            return features.to(dtype)
+        return self.fc(self.input_norm(features.to(dtype)) if self.input_norm is not None else features.to(dtype))
 
     def _step(self, next_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
               keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
@@ -266,7 +291,8 @@ class Eagle3Drafter(DrafterBackbone):
         keys.append(k)
         values.append(v)
         out = hidden + layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
-        return out + layer.mlp(layer.post_attention_layernorm(out))
+        out = out + layer.mlp(layer.post_attention_layernorm(out))
+        return self.norm(out) if self.norm_output else out
 
     def forward(self, next_ids: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -287,8 +313,8 @@ class Eagle3Drafter(DrafterBackbone):
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary only. Module calls throughout: ZeRO-3 gathers a trained weight only
-        inside its own module's forward."""
-        return self.lm_head(self.norm(hidden))
+        inside its own module's forward. A `norm_output` drafter's hidden states are normed already."""
+        return self.lm_head(hidden if self.norm_output else self.norm(hidden))
 
     def unroll(self, next_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: pass k (0-based) reads at index t the token x_{t+k+1} at position t+k and, for k > 0,

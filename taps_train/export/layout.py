@@ -24,6 +24,7 @@ class Layout:
     layer_offset: ClassVar[int] = 0  # fused verifier states as the engine numbers them, minus taps-train's indices
     served_alone: ClassVar[bool] = False  # whether vLLM serves the directory as the model itself (its config names the verifier)
     fallback: ClassVar[bool] = False  # drafts from elsewhere that no layout recognizes are read in this one
+    unread_flags: ClassVar[tuple[str, ...]] = ()  # drafter config flags the engine ignores: drafters that set one are refused
 
     def architecture(self, backbone: type[DrafterBackbone]) -> str | None:
         """The architecture name this layout writes for `backbone`'s drafts; None where its engine cannot serve them."""

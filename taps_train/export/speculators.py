@@ -8,8 +8,9 @@ inputs of decoder layers, as taps-train counts them), and a `speculators_config`
 proposal method and the verifier. Weights are the EAGLE-3 checkpoint's with the decoder layer named `layers.0.`
 instead of `midlayer.`; `d2t` holds offsets (verifier id = draft id + d2t) as in every EAGLE-3 draft.
 
-taps-train's drafter keeps the residual before `hidden_norm` (`norm_before_residual: false`) and has none of the
-variants' extra norms (`norm_before_fc`, `fc_norm`, `norm_output`); drafts that use them are refused on reading.
+taps-train's drafter keeps the residual before `hidden_norm` (`norm_before_residual: false`) and builds two of the
+variants' extra norms, `norm_before_fc` and `norm_output` (speculators' own defaults for EAGLE-3), written as trained;
+drafts that use the others (`norm_before_residual`, `fc_norm`) are refused on reading.
 """
 
 from collections.abc import Mapping
@@ -18,13 +19,13 @@ import torch
 from transformers import LlamaConfig
 
 from taps_train.drafter import DrafterBackbone
+from taps_train.drafter.eagle3 import NORM_VARIANTS, UNBUILT_VARIANTS, norm_variants
 from taps_train.errors import TapsError
 from taps_train.export.layout import Layout, register
 
 MODEL_TYPE = "eagle3"
 LAYOUT_VERSION = "0.9.0"  # the speculators release whose config schema this layout follows
 SPECULATIVE_TOKENS = 3  # the greedy chain length vLLM drafts when the serving command does not say
-VARIANT_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 LAYER_PREFIX, SPECULATORS_LAYER_PREFIX = "midlayer.", "layers.0."
 
 
@@ -50,7 +51,7 @@ class SpeculatorsLayout(Layout):
 def speculators_config(llama: dict, config: LlamaConfig, verifier: str, verifier_architectures: list[str], dtype: str) -> dict:
     """config.json for the EAGLE-3 drafter `config`, whose serving Llama config is `llama`."""
     layer_config = {key: value for key, value in llama.items() if key not in ("architectures", "eagle_config", "draft_vocab_size",
-                                                                               "target_hidden_size", "bias", "fc_bias")}
+                                                                               "target_hidden_size", "bias", "fc_bias", *NORM_VARIANTS)}
     return {
         "architectures": llama["architectures"],
         "speculators_model_type": MODEL_TYPE,
@@ -59,7 +60,8 @@ def speculators_config(llama: dict, config: LlamaConfig, verifier: str, verifier
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(config.eagle_config["eagle_aux_hidden_state_layer_ids"]),
-        **dict.fromkeys(VARIANT_FLAGS, False),
+        **dict.fromkeys(UNBUILT_VARIANTS, False),
+        **norm_variants(config),
         "embed_requires_grad": False,
         "speculators_config": {
             "algorithm": MODEL_TYPE,
@@ -88,7 +90,7 @@ def from_speculators(config_dict: dict, tensors: Mapping[str, torch.Tensor], num
         raise TapsError(f"{where}: config.json has no transformer_layer_config object; it is not a speculators draft")
     if not isinstance(config_dict.get("draft_vocab_size"), int):
         raise TapsError(f"{where}: config.json has no integer draft_vocab_size; an EAGLE-3 draft needs one")
-    variants = [flag for flag in VARIANT_FLAGS if config_dict.get(flag)]
+    variants = [flag for flag in UNBUILT_VARIANTS if config_dict.get(flag)]
     if variants:
         raise TapsError(f"{where}: the draft sets {variants}; taps-train's EAGLE-3 drafter has no such norms and would draft differently")
     layers = config_dict.get("eagle_aux_hidden_state_layer_ids")
@@ -98,7 +100,7 @@ def from_speculators(config_dict: dict, tensors: Mapping[str, torch.Tensor], num
             raise TapsError(f"{where}: config.json names no eagle_aux_hidden_state_layer_ids, and the speculators default "
                             f"{layers} (2, L/2, L-3) does not exist in a {num_verifier_layers}-layer verifier; add the ids the draft was trained on")
     flat = {**layer_config, "draft_vocab_size": config_dict.get("draft_vocab_size"),
-            "target_hidden_size": config_dict.get("target_hidden_size"),
+            "target_hidden_size": config_dict.get("target_hidden_size"), **{flag: bool(config_dict.get(flag)) for flag in NORM_VARIANTS},
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers}}
     return flat, {_renamed(key, SPECULATORS_LAYER_PREFIX, LAYER_PREFIX): value for key, value in tensors.items()}
 

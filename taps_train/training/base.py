@@ -2,7 +2,7 @@
 
 The verifier's embedding and LM head (frozen, shared with the drafter), its fingerprint, the features
 of a batch (cached, or computed online as the backbone's feature contract says), AdamW with warmup and
-decay, checkpoints that hold only the trained drafter, and warm starts. A backbone's module builds its
+decay (or Muon on the hidden matrices), checkpoints that hold only the trained drafter, and warm starts. A backbone's module builds its
 drafter (`make_drafter`) and says what a batch's loss is (`step_losses`).
 """
 
@@ -22,6 +22,7 @@ from taps_train.drafter.config import most_frequent_tokens
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
+from taps_train.training.optimizers import OPTIMIZERS, make_optimizer
 from taps_train.training.progress import step_progress_bar
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.loading import DEFAULT_VERIFIER, LoadedVerifier, load_verifier, read_verifier_files
@@ -56,6 +57,7 @@ class DrafterModule(LightningModule, ABC):
     def __init__(
         self,
         verifier: str = DEFAULT_VERIFIER,
+        optimizer: str = "adamw",
         lr: float = 3e-5,
         betas: tuple[float, float] = (0.9, 0.95),
         weight_decay: float = 0.0,
@@ -70,9 +72,12 @@ class DrafterModule(LightningModule, ABC):
         """
         Args:
             verifier: `taps-tiny`, `smollm2-135m`, a .gguf file, a local HF model directory, or a hub id (frozen; embed + head are reused).
-            lr: peak learning rate (AdamW).
-            betas: AdamW betas.
-            weight_decay: AdamW weight decay.
+            optimizer: adamw, or muon: Muon on the drafter's hidden weight matrices and AdamW on the rest (norm gains,
+                biases, a trained LM head), as speculators trains EAGLE-3; one rate and schedule for both (Muon's update
+                is scaled to AdamW's size). Not under DeepSpeed, whose ZeRO flattens the matrices Muon needs.
+            lr: peak learning rate.
+            betas: AdamW betas (Muon keeps its momentum of 0.95).
+            weight_decay: weight decay (both optimizers).
             warmup_steps: linear warmup steps.
             schedule: after warmup: cosine, linear (both decay to min_lr_ratio * lr) or constant.
             min_lr_ratio: final learning rate as a fraction of `lr`.
@@ -96,6 +101,8 @@ class DrafterModule(LightningModule, ABC):
             require(name, problem)
         if len(betas) != 2 or any(beta >= 1 for beta in betas):
             raise TapsError(f"model.betas {list(betas)} is out of range: need two values in [0, 1)")
+        if optimizer not in OPTIMIZERS:
+            raise TapsError(f"unknown model.optimizer {optimizer!r}; use one of {OPTIMIZERS}")
         if schedule not in SCHEDULES:
             raise TapsError(f"unknown model.schedule {schedule!r}; use one of {SCHEDULES}")
         if schedule_steps is not None and schedule_steps < 1:
@@ -136,6 +143,9 @@ class DrafterModule(LightningModule, ABC):
                             "(`taps-train fit` links them)")
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
             # Lightning refuses this too, but later (once the engine is set up) and without naming the fix.
+            if self.hparams.optimizer == "muon":
+                raise TapsError("model.optimizer muon needs whole weight matrices, which DeepSpeed's ZeRO flattens and shards: "
+                                "use model.optimizer: adamw with DeepSpeed, or strategy: ddp with muon")
             if self.trainer.gradient_clip_algorithm == "value":
                 raise TapsError("DeepSpeed clips gradients by norm only (its gradient_clipping setting): set "
                                 "trainer.gradient_clip_algorithm: norm, or use strategy: ddp to clip values as EAGLE and HASS do")
@@ -212,10 +222,9 @@ class DrafterModule(LightningModule, ABC):
         return self.configure_optimizers_for(int(self.trainer.estimated_stepping_batches))
 
     def configure_optimizers_for(self, total_steps: int) -> dict:
-        """AdamW over the trainable drafter weights and the per-step warmup/decay schedule."""
+        """The optimizer over the trainable drafter weights and the per-step warmup/decay schedule."""
         h = self.hparams
-        trainable = [p for p in self.drafter.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
+        optimizer = make_optimizer(h.optimizer, self.drafter, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay)
         total = max(1, h.schedule_steps or total_steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, h.warmup_steps, h.schedule, h.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

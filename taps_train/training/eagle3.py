@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
 from taps_train.drafter.config import check_vocab_size
-from taps_train.drafter.eagle3 import TTT_STEPS, check_feature_layers
+from taps_train.drafter.eagle3 import TTT_STEPS, check_feature_layers, norm_variants
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
@@ -37,6 +37,8 @@ class Eagle3Module(DrafterModule):
         feature_layers: tuple[int, ...] | None = None,
         ttt_steps: int = TTT_STEPS,
         step_weight_decay: float = 0.8,
+        norm_before_fc: bool = False,
+        norm_output: bool = False,
         **kwargs,
     ):
         """
@@ -49,6 +51,10 @@ class Eagle3Module(DrafterModule):
                 decoder-layer inputs engines capture); None: EAGLE-3's 2, L/2, L-3 (`default_feature_layers`).
             ttt_steps: training-time-test passes per batch.
             step_weight_decay: pass k's loss weight is step_weight_decay ** k.
+            norm_before_fc: an RMSNorm on the fused verifier features before fc (vLLM and speculators serve it; SGLang
+                does not, so its export refuses such drafters).
+            norm_output: feed the normed hidden state to the next pass and draft step instead of the raw one (served
+                as norm_before_fc is).
         """
         if ttt_steps < 1:
             raise TapsError(f"model.ttt_steps must be >= 1, got {ttt_steps}")
@@ -60,7 +66,7 @@ class Eagle3Module(DrafterModule):
     def make_drafter(self, verifier_config: PretrainedConfig) -> DrafterBackbone:
         h, layers = self.hparams, verifier_config.get_text_config(decoder=True).num_hidden_layers
         feature_layers = check_feature_layers(h.feature_layers, layers) if h.feature_layers is not None else None
-        return build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, feature_layers))
+        return build_drafter(Eagle3Drafter.config_for(verifier_config, h.draft_vocab_size, feature_layers, h.norm_before_fc, h.norm_output))
 
     def _check_compatible(self, checkpoint: dict, where: str) -> None:
         """A resumed run fuses the layers its checkpoint was trained on: same shapes, other features, if the config (or
@@ -70,6 +76,10 @@ class Eagle3Module(DrafterModule):
         if trained != list(self.drafter.feature_layers):
             raise TapsError(f"{where} was trained on verifier hidden states {trained}, but this run fuses "
                             f"{list(self.drafter.feature_layers)}; resume with the feature_layers it was trained on")
+        trained_norms = norm_variants(PretrainedConfig.from_dict(checkpoint["taps"]["drafter_config"]))
+        if trained_norms != norm_variants(self.drafter.config):
+            raise TapsError(f"{where} was trained with {trained_norms}, this run builds {norm_variants(self.drafter.config)}; "
+                            "set model.norm_before_fc and model.norm_output as it was trained")
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tensors = self.batch_features(batch)

@@ -159,12 +159,20 @@ def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "bench" / "curves").glob("*.yaml")), ids=lambda p: p.stem)
-def test_shipped_curve_configs_name_real_configs_and_fit_their_recipes(path, monkeypatch):
+def test_shipped_curve_configs_name_real_configs_and_fit_their_recipes(path, monkeypatch, capsys):
+    """...and every run they train (each variant included) is a fit config the CLI accepts: a misspelt option would
+    otherwise surface only when its run starts, maybe hours into the curve."""
+    from taps_train.cli import main
+
     monkeypatch.chdir(ROOT)
     curves = curves_module.Curves.read(str(path))
     assert Path(curves.fit_config).is_file()
     [source] = yaml.safe_load(Path(curves.recipe).read_text())["sources"]
     assert max(curves.samples) <= source["count"] and "regenerate" in source  # the verifier's own replies, at every size
+    for variant in [None, *curves.variants]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(curves_module.write_run_files(curves, min(curves.samples), variant)), "--print_config"])
+        assert exit_info.value.code in (0, None), (variant, capsys.readouterr().err)
 
 
 def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_tree():
