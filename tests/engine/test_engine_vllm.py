@@ -5,7 +5,7 @@ Every backbone x format vLLM serves must load with nothing dropped, keep T=0 out
 taps-train drafts; every broken-export control must be told apart by the check it names. The drafters are random, with attention and fc
 weights scaled up so that their drafts are peaked and position-sensitive (a small random init attends almost
 uniformly, which no export bug could change); bench/engine.py runs the same comparison with trained drafters.
-Each vLLM run builds two engines (~40 s on 2 cores); the whole module takes ~8 minutes there.
+Each vLLM run builds two engines (~40 s on 2 cores); the whole module takes ~9 minutes there.
 """
 
 import importlib.util
@@ -48,12 +48,13 @@ def setting():
 
 def sharp_drafter(verifier, backbone: str):
     """A random drafter whose drafts depend on everything an export carries (see the module docstring)."""
-    torch.manual_seed({"eagle2": 1, "hass": 2, "eagle3": 3}[backbone])
-    if backbone == "eagle3":
-        drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, 0.125))
+    torch.manual_seed({"eagle2": 1, "hass": 2, "eagle3": 3, "eagle3_norms": 4}[backbone])
+    if backbone.startswith("eagle3"):
+        variants = backbone == "eagle3_norms"  # both of the norm variants vLLM serves
+        drafter = build_drafter(Eagle3Drafter.config_for(verifier.config, 0.125, norm_before_fc=variants, norm_output=variants))
         drafter.set_vocabulary(torch.randperm(verifier.config.vocab_size)[: drafter.config.draft_vocab_size])
         layer = drafter.midlayer
-        norms = (drafter.norm, layer.hidden_norm, layer.input_layernorm, layer.post_attention_layernorm)
+        norms = (drafter.norm, layer.hidden_norm, layer.input_layernorm, layer.post_attention_layernorm, *([drafter.input_norm] if variants else []))
     else:
         drafter = Drafter(drafter_config(verifier.config, fc_bias=backbone == "hass"))
         layer = drafter.layers[0]
@@ -75,10 +76,10 @@ def exports(setting, tmp_path_factory):
     """Per backbone: the drafter's checkpoint, its taps-train chains, and its vllm (and speculators) exports."""
     verifier, fingerprint, prompts, eos = setting
     root, made = tmp_path_factory.mktemp("engine"), {}
-    for backbone in ("eagle2", "hass", "eagle3"):
+    for backbone in ("eagle2", "hass", "eagle3", "eagle3_norms"):
         drafter = sharp_drafter(verifier.model, backbone)
         checkpoint = save_checkpoint(drafter, fingerprint, root / f"{backbone}.ckpt")
-        layouts = ("vllm", "speculators") if backbone == "eagle3" else ("vllm",)
+        layouts = ("vllm", "speculators") if backbone.startswith("eagle3") else ("vllm",)
         made[backbone] = {"chains": taps_chains(verifier.model, drafter, prompts, K, NEW_TOKENS, eos),
                           **{layout: export_drafter(checkpoint, root / f"{backbone}_{layout}", layout=layout, dtype="float32") for layout in layouts}}
     return made
@@ -94,6 +95,7 @@ def served_agreement(setting, chains, directory: Path, label: str, alone: bool =
 
 @pytest.mark.parametrize("backbone, layout, alone", [
     ("eagle2", "vllm", False), ("hass", "vllm", False), ("eagle3", "vllm", False), ("eagle3", "speculators", False), ("eagle3", "speculators", True),
+    ("eagle3_norms", "vllm", False), ("eagle3_norms", "speculators", True),
 ])
 def test_vllm_serves_every_export_as_taps_train_drafts(setting, exports, backbone, layout, alone):
     agreement = served_agreement(setting, exports[backbone]["chains"], exports[backbone][layout], f"{backbone}_{layout}_{alone}", alone)
