@@ -87,25 +87,27 @@ class KillAtStep(Callback):
             raise RuntimeError("simulated crash")
 
 
-def seeded_hass(verifier: Path) -> HassModule:
+def seeded_hass(verifier: Path, optimizer: str = "adamw") -> HassModule:
     torch.manual_seed(0)  # what `seed_everything` does in the CLI: same initial drafter weights
-    return HassModule(verifier=str(verifier), lr=3e-3, warmup_steps=3, schedule="cosine")
+    return HassModule(verifier=str(verifier), optimizer=optimizer, lr=3e-3, warmup_steps=3, schedule="cosine")
 
 
-def test_resume_mid_epoch_ends_with_the_same_weights(recipe, random_verifier_dir, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_mid_epoch_ends_with_the_same_weights(recipe, random_verifier_dir, tmp_path, optimizer):
     """12 batches per epoch; the run dies at step 7 (mid-epoch 0), resumes from the step-6 checkpoint
-    and finishes at step 16 (mid-epoch 1): same weights as a run that never stopped."""
-    straight = seeded_hass(random_verifier_dir)
+    and finishes at step 16 (mid-epoch 1): same weights as a run that never stopped (the optimizer's
+    momentum, both optimizers' for muon, travels in the checkpoint)."""
+    straight = seeded_hass(random_verifier_dir, optimizer)
     trainer(tmp_path / "a", max_steps=16, enable_checkpointing=False).fit(straight, datamodule=data(recipe, random_verifier_dir))
 
-    crashed = seeded_hass(random_verifier_dir)
+    crashed = seeded_hass(random_verifier_dir, optimizer)
     ckpt = ModelCheckpoint(dirpath=tmp_path / "b", every_n_train_steps=6, save_top_k=-1)
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer(tmp_path / "b", max_steps=16, callbacks=[ckpt, KillAtStep(7)]).fit(crashed, datamodule=data(recipe, random_verifier_dir))
     saved = tmp_path / "b" / "epoch=0-step=6.ckpt"
     assert saved.exists(), list((tmp_path / "b").iterdir())
 
-    resumed = seeded_hass(random_verifier_dir)
+    resumed = seeded_hass(random_verifier_dir, optimizer)
     resumed_trainer = trainer(tmp_path / "c", max_steps=16, enable_checkpointing=False)
     resumed_trainer.fit(resumed, datamodule=data(recipe, random_verifier_dir), ckpt_path=saved)
     assert resumed_trainer.global_step == 16
