@@ -200,33 +200,38 @@ def timed(path: Path, train: Callable[[], T]) -> T:
 
 
 def write_report(peer: Peer, curves: Curves) -> Path:
+    """One table per evaluation and benchmark: each taps-train run of the curve (its recipe, then each variant's) against
+    speculators' drafter, paired over the same prompts."""
     samples, step = curves.samples[0], curves.steps[-1]
+    fit = f"`{curves.fit_config}` with {learning_curves.changes(curves.overrides)}" if curves.overrides else f"`{curves.fit_config}`"
     lines = [f"# EAGLE-3 side by side: taps-train and speculators 0.9 ({peer.name})", "",
              f"Both trained on the first {samples:,} conversations of `{curves.recipe}` (verifier `{curves.verifier}`, the same "
              f"feature cache), {step:,} steps of the same tokens per step, the same draft vocabulary size; taps-train with "
-             f"`{curves.fit_config}`, speculators with its own defaults (bench/peer_speculators.py lists what is set). "
-             f"τ at T=0 with 95% intervals over prompts; the difference is paired over the same prompts. Reproduce: "
-             f"`python bench/peer_speculators.py --config <this config>`.", ""]
+             f"{fit} and, in further rows, each recipe variant of the curve config on top of it; speculators with its own defaults "
+             f"(bench/peer_speculators.py lists what is set). τ at T=0 with 95% intervals over prompts; the difference is paired "
+             f"over the same prompts. Reproduce: `python bench/peer_speculators.py --config <this config>`.", ""]
+    runs = {"taps-train": None, **{f"taps-train {variant}": variant for variant in curves.variants}}
     for evaluation in curves.evaluations:
-        ours_path, theirs_path = curves.record_path(samples, step, evaluation), peer.record_path(evaluation)
-        if not (ours_path.exists() and theirs_path.exists()):
+        theirs_path = peer.record_path(evaluation)
+        ours = {label: json.loads(path.read_text()) for label, variant in runs.items()
+                if (path := curves.record_path(samples, step, evaluation, variant)).exists()}
+        if not (ours and theirs_path.exists()):
             continue
-        ours, theirs = json.loads(ours_path.read_text())["report"], json.loads(theirs_path.read_text())["report"]
-        lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", "",
-                  "| benchmark | taps-train τ | speculators τ | taps-train minus speculators [paired 95%] | taps-train speedup | speculators speedup |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for name in sorted(ours["benchmarks"]):
-            a, b = ours["benchmarks"][name], theirs["benchmarks"].get(name)
-            if b is None:
-                continue
-            lines.append(f"| {name} | {tau_cell(a)} | {tau_cell(b)} | {learning_curves.difference_cell(a, b)} | "
-                         f"{speedup_cell(a)} | {speedup_cell(b)} |")
-        lines.append("")
+        theirs = json.loads(theirs_path.read_text())["report"]["benchmarks"]
+        lines += [f"## {evaluation.name}: `taps-train eval {' '.join(evaluation.args)}`", ""]
+        for name in sorted(theirs):
+            lines += [f"| {name} | τ | minus speculators [paired 95%] | speedup | training time |", "| --- | --- | --- | --- | --- |"]
+            for label, record in ours.items():
+                if (a := record["report"]["benchmarks"].get(name)) is not None:
+                    lines.append(f"| {label} | {tau_cell(a)} | {learning_curves.difference_cell(a, theirs[name])} | {speedup_cell(a)} | "
+                                 f"{learning_curves.minutes_cell(record)} |")
+            lines += [f"| speculators | {tau_cell(theirs[name])} | | {speedup_cell(theirs[name])} | |", ""]
     times = {who: json.loads(path.read_text())["seconds"] for who, path in
              (("taps-train", peer.work / "taps_train.json"), ("speculators", peer.work / "speculators.json")) if path.exists()}
     if times:
-        lines += ["Training wall time on this machine (the first call of each; a resumed run counts only its last part): "
-                  + ", ".join(f"{who} {seconds:,.0f} s ({seconds / step:.2f} s a step)" for who, seconds in times.items()) + ".", ""]
+        lines += ["Training wall time of the side-by-side fits on this machine (the first call of each; a resumed run counts only "
+                  "its last part): " + ", ".join(f"{who} {seconds:,.0f} s ({seconds / step:.2f} s a step)" for who, seconds in times.items())
+                  + ". The variants' training time is their fit's own (Lightning's Timer).", ""]
     path = Path(peer.out) / "report.md"
     files.write_text(path, "\n".join(lines))
     return path

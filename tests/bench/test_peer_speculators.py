@@ -117,10 +117,13 @@ def test_a_fresh_clone_with_both_records_trains_nothing_and_writes_the_paired_re
     """The committed records are the comparison: no speculators, no checkpoints, no training, the same report."""
     peer = tmp_path / "peer.yaml"
     peer.write_text(yaml.safe_dump({"name": "p", "curve": str(curve), "out": str(tmp_path / "out")}))
+    curve.write_text(yaml.safe_dump({**yaml.safe_load(curve.read_text()), "variants": {"lr_high": {"model": {"lr": 0.02}}}}))
     curves = peer_module.Curves.read(str(curve))
     [evaluation] = curves.evaluations
-    curves.record_path(12, 2, evaluation).parent.mkdir(parents=True)
-    curves.record_path(12, 2, evaluation).write_text(json.dumps(record(([40, 30, 50], [10, 10, 10]))))
+    for variant, counts, seconds in ((None, [40, 30, 50], None), ("lr_high", [20, 30, 40], 90.0)):
+        path = curves.record_path(12, 2, evaluation, variant)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**record((counts, [10, 10, 10])), "trained_seconds": seconds}))
     theirs = peer_module.Peer.read(str(peer)).record_path(evaluation)
     theirs.parent.mkdir(parents=True, exist_ok=True)
     theirs.write_text(json.dumps(record(([30, 30, 30], [10, 10, 10]))))
@@ -128,6 +131,8 @@ def test_a_fresh_clone_with_both_records_trains_nothing_and_writes_the_paired_re
     monkeypatch.setattr(peer_module, "export_for_speculators", lambda *a: pytest.fail("exported"))
     monkeypatch.setattr(sys, "argv", ["peer_speculators.py", "--config", str(peer)])
     peer_module.main()
-    [row] = [line for line in (tmp_path / "out" / "report.md").read_text().splitlines() if line.startswith("| math_heldout")]
-    assert row.startswith("| math_heldout | 4.00 [1.00, 3.00] | 3.00 [1.00, 3.00] | +1.00 [")  # paired over the 3 prompts
-    assert row.endswith("| 1.50x [1.20, 1.80] | 1.50x [1.20, 1.80] |")
+    rows = [line for line in (tmp_path / "out" / "report.md").read_text().splitlines() if line.startswith("| ")]
+    assert rows[0] == "| math_heldout | τ | minus speculators [paired 95%] | speedup | training time |"
+    assert rows[2].startswith("| taps-train | 4.00 [1.00, 3.00] | +1.00 [") and rows[2].endswith("| 1.50x [1.20, 1.80] |  |")  # paired over 3 prompts
+    assert rows[3].startswith("| taps-train lr_high | 3.00 [1.00, 3.00] | +0.00 [") and rows[3].endswith("| 1.5 min |")
+    assert rows[4] == "| speculators | 3.00 [1.00, 3.00] | | 1.50x [1.20, 1.80] | |"
