@@ -37,6 +37,10 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
         if backbones[0] != backbones[1]:
             raise TapsError(f"cannot average {paths[0]} ({backbones[0][0]}) and {path} ({backbones[1][0]}): weights of different drafter "
                             "backbones do not correspond; average drafters of one backbone, or compose them (--strategy merge, route-confidence, ...)")
+        flags = [backbone_class(config).variant_flags(config) for config in (c["taps"]["drafter_config"] for c in (first, checkpoint))]
+        if flags[0] != flags[1]:
+            raise TapsError(f"cannot average {paths[0]} ({flags[0]}) and {path} ({flags[1]}): the two networks compute differently "
+                            "whatever their weights; average drafters trained with the same flags, or compose them")
         if checkpoint["taps"]["verifier"] != first["taps"]["verifier"]:
             raise TapsError(f"cannot average {paths[0]} and {path}: trained against different verifiers "
                             f"({first['taps']['verifier']['path']} vs {checkpoint['taps']['verifier']['path']})")

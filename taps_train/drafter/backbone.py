@@ -103,6 +103,12 @@ class DrafterBackbone(nn.Module, ABC):
         """Saved tensors that are not weights (token maps), with their dtypes."""
         return {}
 
+    @classmethod
+    def variant_flags(cls, config: PretrainedConfig | dict) -> dict[str, bool]:
+        """Config flags that change what the network computes without changing its weights' names or shapes: drafters
+        that differ in one are different networks (averaging must refuse them)."""
+        return {}
+
     def load_verifier_parts(self, verifier: nn.Module) -> None:
         """Share a loaded verifier's input embedding and LM head."""
         self.use_verifier_parts(verifier.get_input_embeddings().weight, verifier.get_output_embeddings().weight)

@@ -99,8 +99,10 @@ def eagle3_config(verifier_config: PretrainedConfig, draft_vocab_size: int | flo
     return config
 
 
-def norm_variants(config: PretrainedConfig) -> dict[str, bool]:
-    return {flag: bool(getattr(config, flag, False)) for flag in NORM_VARIANTS}
+def norm_variants(config: PretrainedConfig | dict) -> dict[str, bool]:
+    """The norm flags of a drafter config (or its dict, as checkpoints store it)."""
+    values = config if isinstance(config, dict) else vars(config)
+    return {flag: bool(values.get(flag, False)) for flag in NORM_VARIANTS}
 
 
 class Eagle3Layer(nn.Module):
@@ -337,6 +339,10 @@ class Eagle3Drafter(DrafterBackbone):
     @classmethod
     def index_tensors(cls) -> dict[str, torch.dtype]:
         return {"d2t": torch.long, "t2d": torch.bool}
+
+    @classmethod
+    def variant_flags(cls, config: LlamaConfig | dict) -> dict[str, bool]:
+        return norm_variants(config)
 
 
 def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:

@@ -274,6 +274,10 @@ class DrafterModule(LightningModule, ABC):
         check_verifier(checkpoint, self.verifier_fingerprint, where)
         check_backbone(checkpoint, self.drafter.config.architectures[0], bool(getattr(self.drafter.config, "fc_bias", False)), where,
                        type(self).__name__)
+        trained, built = (self.drafter.variant_flags(config) for config in (checkpoint["taps"]["drafter_config"], self.drafter.config))
+        if trained != built:
+            raise TapsError(f"{where} was trained with {trained}, but this run builds {built}: the same weights computing another "
+                            f"function; set those model options as it was trained")
 
     def _warm_start(self, path: str) -> None:
         checkpoint = read_checkpoint(path)

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone, Eagle3Drafter, build_drafter
 from taps_train.drafter.config import check_vocab_size
-from taps_train.drafter.eagle3 import TTT_STEPS, check_feature_layers, norm_variants
+from taps_train.drafter.eagle3 import TTT_STEPS, check_feature_layers
 from taps_train.features import FEATURES
 from taps_train.errors import TapsError
 from taps_train.training.base import DrafterModule
@@ -76,10 +76,6 @@ class Eagle3Module(DrafterModule):
         if trained != list(self.drafter.feature_layers):
             raise TapsError(f"{where} was trained on verifier hidden states {trained}, but this run fuses "
                             f"{list(self.drafter.feature_layers)}; resume with the feature_layers it was trained on")
-        trained_norms = norm_variants(PretrainedConfig.from_dict(checkpoint["taps"]["drafter_config"]))
-        if trained_norms != norm_variants(self.drafter.config):
-            raise TapsError(f"{where} was trained with {trained_norms}, this run builds {norm_variants(self.drafter.config)}; "
-                            "set model.norm_before_fc and model.norm_output as it was trained")
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tensors = self.batch_features(batch)

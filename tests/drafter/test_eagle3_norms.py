@@ -126,10 +126,22 @@ def test_a_run_is_not_resumed_or_warm_started_into_another_variant(recipe, rando
     dm = data(recipe, random_verifier_dir, verifier_states=module.drafter.feature_contract().layers)
     trainer(tmp_path, max_steps=2, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ck", save_last=True)]).fit(module, datamodule=dm)
     last = tmp_path / "ck" / "last.ckpt"
-    with pytest.raises(TapsError, match="was trained with .*'norm_output': True.*set model.norm_before_fc and model.norm_output"):
+    with pytest.raises(TapsError, match="was trained with .*'norm_output': True.*set those model options as it was trained"):
         Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64, init_from=str(last))
     other = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64, ttt_steps=2)
     with pytest.raises(TapsError, match="was trained with .*'norm_output': True"):
         trainer(tmp_path / "o", max_steps=4).fit(other, datamodule=dm, ckpt_path=last)
     same = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=64, ttt_steps=2, norm_output=True, init_from=str(last))
     torch.testing.assert_close(same.drafter.fc.weight, module.drafter.fc.weight)
+
+
+def test_drafters_of_different_variants_are_not_averaged(verifier, fingerprint, tmp_path):  # noqa: F811
+    """norm_output adds no weight, so the shapes agree: only the flags tell the two networks apart."""
+    from taps_train.drafter.average import average_checkpoints
+
+    checkpoints = [save_checkpoint(variant_drafter(verifier, seed, **norms), fingerprint, tmp_path / f"{seed}.ckpt")
+                   for seed, norms in ((6, {"norm_output": True}), (7, {}))]
+    with pytest.raises(TapsError, match="'norm_output': True.*'norm_output': False.*compute differently"):
+        average_checkpoints(checkpoints)
+    same = [save_checkpoint(variant_drafter(verifier, seed, norm_output=True), fingerprint, tmp_path / f"same{seed}.ckpt") for seed in (8, 9)]
+    assert average_checkpoints(same)["taps"]["drafter_config"]["norm_output"] is True
