@@ -226,7 +226,7 @@ class DrafterDataModule(LightningDataModule):
             # Resuming mid-epoch: skip what the checkpointed run already trained on (exact data order).
             skip = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         sampler = BucketBatchSampler(_lengths(self.train_set), self.batch_size, self.max_tokens, shuffle=True, seed=self.seed, skip_batches=skip)
-        return self._loader(self.train_set, sampler)
+        return self._loader(self.train_set, sampler, ResumingLoader)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_set is None:
@@ -240,9 +240,21 @@ class DrafterDataModule(LightningDataModule):
             raise TapsError("the datamodule has no training set yet (call setup('fit') first)")
         return sum(part.loss_token_counts(vocab_size) for part in self.train_set.datasets)
 
-    def _loader(self, dataset: Dataset, sampler: BucketBatchSampler) -> DataLoader:
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+    def _loader(self, dataset: Dataset, sampler: BucketBatchSampler, loader: type[DataLoader] = DataLoader) -> DataLoader:
+        return loader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=self.num_workers,
+                      persistent_workers=self.num_workers > 0)
+
+
+class ResumingLoader(DataLoader):
+    """The training loader, which resumes mid-epoch where the checkpoint left off: `train_dataloader` builds its sampler
+    past the batches the restored progress counts, so it keeps no state of its own. Saying so (the `state_dict` interface)
+    stops Lightning warning on every mid-epoch resume that the data order is lost."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
 
 
 def _loss_token_counts(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
