@@ -130,9 +130,9 @@ class Eagle3Drafter(DrafterBackbone):
         self.config = config
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
         self.embed_tokens = nn.Embedding(vocab, hidden, device="meta")  # the verifier's, with `use_verifier_parts`
-        self.norm_before_fc, self.norm_output = norm_variants(config).values()
+        norm_before_fc, self.norm_output = norm_variants(config).values()
         fused = len(self.feature_layers) * config.target_hidden_size
-        self.input_norm = LlamaRMSNorm(fused, eps=config.rms_norm_eps) if self.norm_before_fc else None
+        self.input_norm = LlamaRMSNorm(fused, eps=config.rms_norm_eps) if norm_before_fc else None
         self.fc = nn.Linear(fused, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)

@@ -68,7 +68,7 @@ def write_drafter(source: Source, directory: Path, verifier: VerifierFiles | Non
         served = sorted(name for name, other in LAYOUTS.items() if other.architecture(backbone))
         raise TapsError(f"{source.where} is an {backbone.label} drafter; the {layout.name} layout holds {' and '.join(held)} drafts only. "
                         f"Use --format {' or '.join(served)}")
-    if ignored := [flag for flag in layout.unread_flags if getattr(source.config, flag, False)]:
+    if ignored := [flag for flag, on in backbone.variant_flags(source.config).items() if on and flag in layout.unread_flags]:
         raise TapsError(f"{source.where} was trained with {ignored}, which {layout.engine} does not read (it would draft without "
                         f"them); use --format {' or '.join(name for name, other in LAYOUTS.items() if not set(ignored) & set(other.unread_flags))}")
     verifier_layers = verifier.config.get_text_config(decoder=True).num_hidden_layers if verifier is not None else None
