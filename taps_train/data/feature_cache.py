@@ -421,11 +421,9 @@ class FeatureCache:
 
     def __init__(self, directory: str | Path, fingerprint: dict | None = None):
         self.directory = Path(directory)
-        manifest = _read_manifest(self.directory)
+        manifest = _read_manifest(self.directory) if fingerprint is None else _matching_manifest(self.directory, fingerprint)
         if manifest is None:
             raise TapsError(f"no feature cache at {self.directory}; build it with `taps-train cache --recipe <recipe>`")
-        if fingerprint is not None and manifest["fingerprint"] != fingerprint:
-            raise TapsError(_mismatch(self.directory, manifest["fingerprint"], fingerprint))
         self.manifest = manifest
         self.shards = manifest["shards"]
         for shard in self.shards:
@@ -552,13 +550,27 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _matching_manifest(directory: Path, fingerprint: dict) -> dict | None:
+    """The directory's manifest, None if it has none; refuses a cache built for another setup."""
+    manifest = _read_manifest(directory)
+    if manifest is not None and manifest["fingerprint"] != fingerprint:
+        raise TapsError(_mismatch(directory, manifest["fingerprint"], fingerprint))
+    return manifest
+
+
+def manifest_samples(directory: Path, fingerprint: dict) -> int:
+    """Samples the last finished build of `directory` cached (0 if none finished), its shards unchecked: a larger
+    build of the same source, killed after replacing that build's last shard with a longer one, leaves the smaller
+    build's manifest behind, and must then resume from its own shards, not be refused for the replaced one."""
+    manifest = _matching_manifest(directory, fingerprint)
+    return 0 if manifest is None else manifest["samples"]
+
+
 def _listed_shards(directory: Path, fingerprint: dict) -> dict[tuple[int, int], dict]:
     """Intact shards the manifest lists, by span; refuses a cache built for another setup."""
-    manifest = _read_manifest(directory)
+    manifest = _matching_manifest(directory, fingerprint)
     if manifest is None:
         return {}
-    if manifest["fingerprint"] != fingerprint:
-        raise TapsError(_mismatch(directory, manifest["fingerprint"], fingerprint))
     return {(s["start"], s["end"]): s for s in manifest["shards"] if _shard_intact_size(directory, s)}
 
 

@@ -26,6 +26,7 @@ from taps_train.data.feature_cache import (
     ShardWriter,
     Throughput,
     bytes_per_token,
+    manifest_samples,
     measure_throughput,
     pending_tokens,
     remove_stale_temporaries,
@@ -77,14 +78,10 @@ class PreparedSource:
     def open_cache(self) -> FeatureCache:
         return FeatureCache(self.directory, self.fingerprint)
 
-    def cached_samples(self) -> int:
-        if not (self.directory / "manifest.json").exists():
-            return 0
-        return len(FeatureCache(self.directory, self.fingerprint))
-
     def complete(self) -> bool:
-        """Whether the cache holds every sample (it may hold more, for a larger recipe)."""
-        return self.cached_samples() >= len(self.conversations)
+        """Whether the cache holds every sample (it may hold more, for a larger recipe); its shards are checked when
+        it is opened."""
+        return manifest_samples(self.directory, self.fingerprint) >= len(self.conversations)
 
     def token_counts(self) -> tuple[int, int]:
         """(tokens, tokens in the loss). A complete cache has them without tokenizing: its fingerprint covers the

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taps_train.data import feature_cache
+from taps_train.data import feature_cache, prepare
 from taps_train.data.feature_cache import CacheSettings, FeatureCache, SavedBatches, remove_stale_temporaries
 from taps_train.data.prepare import PreparedSource, RecipePreparer
 from taps_train.data.recipe import load_recipe
@@ -24,7 +24,7 @@ SETTINGS = {"shard_samples": 12, "batch_tokens": 256}
 KILL_AT_CALL = 3  # the third verifier call of the build: two batches of the first shard are saved, the third dies
 ENTRY = f'''
 import functools, os, signal
-from taps_train.data import feature_cache
+from taps_train.data import feature_cache, prepare
 from taps_train.cli import main
 
 feature_cache.CacheSettings = functools.partial(feature_cache.CacheSettings, checkpoint_s=0, **{SETTINGS!r})
@@ -197,3 +197,28 @@ def test_a_dead_writers_temporary_among_saved_batches_is_removed(tmp_path):
     kept.write_bytes(b"progress")
     assert remove_stale_temporaries(tmp_path) == (1, 1000)
     assert not dead.exists() and kept.exists()
+
+
+def test_a_larger_build_killed_after_replacing_a_smaller_builds_last_shard_resumes(recipe, random_verifier_dir, tmp_path, monkeypatch):
+    """A learning curve's smaller size cached first (shards 0:12, 12:14), then the full recipe (0:12, 12:16) killed
+    before its manifest: the smaller build's manifest still lists a 12:14 shard-00001 the larger one replaced. The
+    next build resumes from what is on disk, with no verifier work, instead of calling the cache damaged."""
+    smaller = tmp_path / "smaller.yaml"
+    smaller.write_text(recipe.read_text().replace("count: 14", "count: 12"))
+    [first] = build(smaller, random_verifier_dir, tmp_path / "cache")
+    assert [(s["start"], s["end"]) for s in first.shards] == [(0, 12), (12, 14)]
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare, "write_manifest", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build(recipe, random_verifier_dir, tmp_path / "cache")
+    monkeypatch.undo()
+    calls = Calls(monkeypatch)
+    [resumed] = build(recipe, random_verifier_dir, tmp_path / "cache")
+    assert resumed.directory == first.directory and calls.batches == 0
+    monkeypatch.undo()
+    [reference] = build(recipe, random_verifier_dir, tmp_path / "reference")
+    assert contents(resumed.directory) == contents(reference.directory)
+    assert len(build(smaller, random_verifier_dir, tmp_path / "cache")[0]) == 16  # the smaller recipe reads the larger cache
