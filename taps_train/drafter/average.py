@@ -33,11 +33,12 @@ def average_checkpoints(paths: list[str | Path], weights: list[float] | None = N
     checkpoints = [read_checkpoint(path) for path in paths]  # each checked: shapes of its config, finite values
     first = checkpoints[0]
     for path, checkpoint in zip(paths[1:], checkpoints[1:]):
-        backbones = [c["taps"]["drafter_config"].get("architectures") for c in (first, checkpoint)]
+        configs = [c["taps"]["drafter_config"] for c in (first, checkpoint)]
+        backbones = [config.get("architectures") for config in configs]
         if backbones[0] != backbones[1]:
             raise TapsError(f"cannot average {paths[0]} ({backbones[0][0]}) and {path} ({backbones[1][0]}): weights of different drafter "
                             "backbones do not correspond; average drafters of one backbone, or compose them (--strategy merge, route-confidence, ...)")
-        flags = [backbone_class(config).variant_flags(config) for config in (c["taps"]["drafter_config"] for c in (first, checkpoint))]
+        flags = [backbone_class(config).variant_flags(config) for config in configs]
         if flags[0] != flags[1]:
             raise TapsError(f"cannot average {paths[0]} ({flags[0]}) and {path} ({flags[1]}): the two networks compute differently "
                             "whatever their weights; average drafters trained with the same flags, or compose them")
