@@ -80,10 +80,12 @@ class Eagle3Module(DrafterModule):
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tensors = self.batch_features(batch)
         next_ids = batch["input_ids"][:, 1:]
-        targets = self.drafter.feature_contract().targets(tensors)[:, 1:]  # index t: the verifier's state guessing x_{t+2}
         counts = self.loss_positions(batch["loss_mask"])
         if not counts.any():
             return self.zero_loss()
+        targets = self.drafter.feature_contract().targets(tensors)[:, 1:]  # index t: the verifier's state guessing x_{t+2}
+        probabilities, in_draft = self._verifier_targets(targets[counts])
+        row = counts.flatten().cumsum(0).view_as(counts) - 1  # each counted position's row of `probabilities`
         length = next_ids.shape[1]
         total, logs = 0.0, {}
         for step, predicted in enumerate(self.drafter.unroll(next_ids, tensors[FEATURES][:, :-1], self.hparams.ttt_steps)):
@@ -91,26 +93,38 @@ class Eagle3Module(DrafterModule):
             where = counts[:, lag:]
             if not where.any():
                 break  # every later pass guesses past the end of every sample
-            loss, accuracy = self._loss(predicted[:, : length - lag][where], targets[:, lag:][where])
+            rows = row[:, lag:][where]
+            kept = in_draft[rows]
+            loss, accuracy = self._loss(predicted[:, : length - lag][where][kept], probabilities[rows[kept]])
             total = total + self.hparams.step_weight_decay ** step * loss
             logs.update({f"loss_step{step}": loss.detach(), f"acc_step{step}": accuracy})
         logs["loss"] = total
         return total, logs
 
-    def _loss(self, predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Soft cross-entropy against the verifier's distribution over the draft vocabulary, and the top-1 agreement,
-        over positions whose verifier top-1 is a draft token; computed in chunks of positions."""
+    @torch.no_grad()
+    def _verifier_targets(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verifier's distribution over the draft vocabulary at each counted position [M, D], and whether its
+        top-1 is a draft token [M]. Once a step for every pass (pass k reads the positions from k on): the logits over
+        the full vocabulary are the loss's largest product, in chunks of positions so that only one chunk of them
+        (at Llama-3's 128k tokens the widest tensor of the step) is alive at a time."""
         drafter, chunk = self.drafter, self.hparams.loss_chunk_size or len(target)
-        draft_ids = drafter.draft_token_ids
-        losses, hits, kept = [], 0, 0
+        probabilities, in_draft = [], []
         for start in range(0, len(target), chunk):
-            with torch.no_grad():
-                verifier_logits = F.linear(target[start:start + chunk].to(drafter.verifier_head.dtype), drafter.verifier_head).float()
-                keep = drafter.t2d[verifier_logits.argmax(-1)]
-                probabilities = verifier_logits[keep][:, draft_ids].softmax(-1)
-            log_q = drafter.draft_logits(predicted[start:start + chunk][keep]).float().log_softmax(-1)
-            losses.append(-(probabilities * log_q).sum())
-            hits += int((log_q.argmax(-1) == probabilities.argmax(-1)).sum())
-            kept += int(keep.sum())
-        loss = torch.stack(losses).sum() / max(kept, 1)
-        return loss, torch.tensor(hits / max(kept, 1))
+            logits = F.linear(target[start:start + chunk].to(drafter.verifier_head.dtype), drafter.verifier_head).float()
+            in_draft.append(drafter.t2d[logits.argmax(-1)])
+            probabilities.append(logits[:, drafter.draft_token_ids].softmax(-1))
+        return torch.cat(probabilities), torch.cat(in_draft)
+
+    def _loss(self, predicted: torch.Tensor, probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Soft cross-entropy of the drafter's draft-vocabulary distribution against the verifier's, and the top-1
+        agreement, means over the positions given (those whose verifier top-1 is a draft token); in chunks of
+        positions, as the verifier's side."""
+        chunk = self.hparams.loss_chunk_size or len(predicted) or 1
+        losses, hits = [], 0
+        for start in range(0, max(len(predicted), 1), chunk):
+            log_q = self.drafter.draft_logits(predicted[start:start + chunk]).float().log_softmax(-1)
+            p = probabilities[start:start + chunk]
+            losses.append(-(p * log_q).sum())
+            hits += int((log_q.argmax(-1) == p.argmax(-1)).sum())
+        kept = max(len(predicted), 1)
+        return torch.stack(losses).sum() / kept, torch.tensor(hits / kept)
