@@ -8,6 +8,8 @@ Layout of one cache directory (one per verifier x source selection x max length 
                               int32, loss_mask [T] uint8, offsets [n+1] int64 (per-sample token
                               ranges), per-token fp8 scales (`scales` for features, `<name>_scales`
                               for the others; fp8 only)
+    shard-00003-3200.safetensors  a last shard short of `shard_samples` (here positions 3072:3200), named by its
+                              end too, so that a larger build of the directory writes its whole shard-00003 beside it
 
 Samples are addressed by *position* in the source's seeded permutation (held-out first, then
 training), so a cache of N samples serves every recipe that needs a prefix of them: mixtures are
@@ -227,10 +229,25 @@ def write_manifest(directory: Path, fingerprint: dict, shards: list[dict], sampl
     manifest = {"format": FORMAT, "fingerprint": fingerprint, "shards": shards, "samples": samples, "report": report}
     if _read_manifest(directory) != manifest:
         _write_manifest(directory, manifest)
+    _remove_superseded_short_shards(directory, shards)
+
+
+def _remove_superseded_short_shards(directory: Path, shards: list[dict]) -> None:
+    """Smaller builds' short last shards that the manifest's shards now cover: no manifest lists them any more."""
+    listed, covered = {shard["file"] for shard in shards}, shards[-1]["end"] if shards else 0
+    for path in directory.glob("shard-*-*.safetensors"):
+        match = _SHARD_FILE.match(path.name)
+        if match and path.name not in listed and int(match["end"]) <= covered:
+            path.unlink(missing_ok=True)
 
 
 def _shard_name(span: tuple[int, int], settings: CacheSettings) -> str:
-    return f"shard-{span[0] // settings.shard_samples:05d}.safetensors"
+    """A last shard short of `shard_samples` is named by its end too: a larger build of the same directory (a
+    learning curve's next size) writes its whole shard beside it, not over it, so the smaller cache stays readable
+    until the larger one's manifest replaces its own."""
+    index = span[0] // settings.shard_samples
+    short = span[1] - span[0] < settings.shard_samples
+    return f"shard-{index:05d}-{span[1]}.safetensors" if short else f"shard-{index:05d}.safetensors"
 
 
 def _write_shard(model, contract: FeatureContract, samples, directory: Path, span: tuple[int, int], settings: CacheSettings,
@@ -403,7 +420,7 @@ def _fresh_file(directory: Path, name: str) -> Iterator[Path]:
         yield tmp
 
 
-_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}\.safetensors|manifest\.json|batches-\d+-\d+\.safetensors)\..+\.tmp$")
+_TMP_FILE = re.compile(r"^\.(?:shard-\d{5}(?:-\d+)?\.safetensors|manifest\.json|batches-\d+-\d+\.safetensors)\..+\.tmp$")
 
 
 def remove_stale_temporaries(directory: Path) -> tuple[int, int]:
@@ -521,7 +538,7 @@ def _read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
-_SHARD_FILE = re.compile(r"^shard-\d{5}\.safetensors$")
+_SHARD_FILE = re.compile(r"^shard-\d{5}(?:-(?P<end>\d+))?\.safetensors$")
 
 
 def _manifest_problem(manifest: object) -> str | None:

@@ -96,7 +96,7 @@ def test_a_second_build_waits_for_the_first_and_computes_nothing(random_verifier
     assert waited.count("waiting for another build of") == 1 and f"{directory} ({socket.gethostname()}:{first.pid})" in waited
     ready = f"ready: {directory} (11 samples)"
     assert ready in (tmp_path / "first.out").read_text() and ready in (tmp_path / "second.out").read_text()
-    assert sorted(f.name for f in directory.iterdir()) == ["manifest.json", "shard-00000.safetensors", "shard-00001.safetensors", "shard-00002.safetensors"]
+    assert sorted(f.name for f in directory.iterdir()) == ["manifest.json", "shard-00000.safetensors", "shard-00001.safetensors", "shard-00002-11.safetensors"]
 
 
 def test_a_build_removes_only_the_temporaries_of_dead_writers_on_this_host(random_verifier_dir, tmp_path, capsys):

@@ -48,7 +48,7 @@ def test_damaged_manifest_is_one_line(damage, recipe, random_verifier_dir, tmp_p
 
 def test_replaced_shard_of_the_same_size_is_caught_by_plain_cache(recipe, random_verifier_dir, tmp_path, capsys):  # noqa: F811
     manifest = _built(recipe, random_verifier_dir, tmp_path, capsys)
-    shard = manifest.parent / "shard-00000.safetensors"
+    [shard] = manifest.parent.glob("shard-00000*.safetensors")  # a short last shard is named by its end too
     blob = bytearray(shard.read_bytes())
     blob[-3] ^= 0x40
     shard.write_bytes(bytes(blob))

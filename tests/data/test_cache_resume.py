@@ -199,14 +199,16 @@ def test_a_dead_writers_temporary_among_saved_batches_is_removed(tmp_path):
     assert not dead.exists() and kept.exists()
 
 
-def test_a_larger_build_killed_after_replacing_a_smaller_builds_last_shard_resumes(recipe, random_verifier_dir, tmp_path, monkeypatch):
+def test_a_larger_build_killed_after_writing_its_shards_leaves_the_smaller_cache_readable_and_resumes(recipe, random_verifier_dir, tmp_path, monkeypatch):
     """A learning curve's smaller size cached first (shards 0:12, 12:14), then the full recipe (0:12, 12:16) killed
-    before its manifest: the smaller build's manifest still lists a 12:14 shard-00001 the larger one replaced. The
-    next build resumes from what is on disk, with no verifier work, instead of calling the cache damaged."""
+    before its manifest: the smaller cache, whose manifest is still the directory's, opens and reads as before (its
+    short last shard is not overwritten by the larger build's 12:16), and the next build of the full recipe resumes
+    from what is on disk with no verifier work; once finished, no file of the smaller build is left."""
     smaller = tmp_path / "smaller.yaml"
     smaller.write_text(recipe.read_text().replace("count: 14", "count: 12"))
     [first] = build(smaller, random_verifier_dir, tmp_path / "cache")
     assert [(s["start"], s["end"]) for s in first.shards] == [(0, 12), (12, 14)]
+    before = [first[position]["features"] for position in range(len(first))]
 
     def killed(*args):
         raise KeyboardInterrupt
@@ -215,6 +217,8 @@ def test_a_larger_build_killed_after_replacing_a_smaller_builds_last_shard_resum
     with pytest.raises(KeyboardInterrupt):
         build(recipe, random_verifier_dir, tmp_path / "cache")
     monkeypatch.undo()
+    [again] = build(smaller, random_verifier_dir, tmp_path / "cache")
+    assert len(again) == 14 and all(again[p]["features"].equal(features) for p, features in enumerate(before))
     calls = Calls(monkeypatch)
     [resumed] = build(recipe, random_verifier_dir, tmp_path / "cache")
     assert resumed.directory == first.directory and calls.batches == 0

@@ -77,7 +77,7 @@ def test_cache_fingerprint_records_the_compute_dtype(recipe, random_verifier_dir
 
     fp32, bf16 = built("float32"), built("bfloat16")
     assert fp32.directory != bf16.directory
-    a, b = (load_file(cache.directory / "shard-00000.safetensors")["features"] for cache in (fp32, bf16))
+    a, b = (load_file(cache.directory / cache.shards[0]["file"])["features"] for cache in (fp32, bf16))
     assert a.dtype == b.dtype == torch.bfloat16  # stored in the cache dtype whatever the compute dtype
     assert not torch.equal(a, b) and torch.allclose(a.float(), b.float(), atol=0.1)
 
