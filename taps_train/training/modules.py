@@ -110,28 +110,25 @@ class Eagle2Module(DrafterModule):
         return features + (noise - 0.5) * width
 
     def step_losses(self, batch: dict[str, torch.Tensor], train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        h = self.hparams
         features = self.batch_features(batch)[FEATURES]
         next_ids, inputs, targets = batch["input_ids"][:, 1:], features[:, :-1], features[:, 1:]
         counts = self.loss_positions(batch["loss_mask"])
         if not counts.any():
             return self.zero_loss()
-        if train and self.hparams.feature_noise > 0:
+        if train and h.feature_noise > 0:
             inputs = self._noise(inputs, batch["attention_mask"].sum(1))
-        total, logs = 0.0, {}
-        for step, predicted in enumerate(self.drafter.unroll(next_ids, inputs, self.hparams.align_steps), start=1):
-            loss, step_logs = self._loss(predicted[counts], targets[counts])
-            total = total + (loss if self.hparams.align_reduction == "sum" else loss / self.hparams.align_steps)
-            logs.update({f"{name}_step{step}": value for name, value in step_logs.items()})
-        logs["loss"] = total
-        return total, logs
-
-    def _loss(self, predicted: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Weighted loss and its logged terms; the vocabulary-sized terms run in chunks of positions."""
-        h = self.hparams
-        features = feature_loss(predicted, target).mean()
+        # Every alignment pass predicts the same targets: one vocabulary pass forms the verifier's distribution for all.
+        predicted = torch.stack([passed[counts] for passed in self.drafter.unroll(next_ids, inputs, h.align_steps)])  # [S, N, H]
+        target = targets[counts]
+        feature_losses = feature_loss(predicted, target.expand_as(predicted)).mean(-1)
         vocab, terms = vocab_losses(predicted, target, self.drafter.lm_head.weight, h.prob_weight, h.topk_weight, h.topk,
                                     h.accuracy_topk, h.loss_chunk_size)
-        return h.feature_weight * features + vocab, {"feature_loss": features, **terms}
+        losses = h.feature_weight * feature_losses + vocab  # [S], one per alignment pass
+        logs = {f"{name}_step{step}": values[step - 1] for name, values in {"feature_loss": feature_losses, **terms}.items()
+                for step in range(1, h.align_steps + 1)}
+        logs["loss"] = losses.sum() if h.align_reduction == "sum" else losses.mean()
+        return logs["loss"], logs
 
 
 class HassModule(Eagle2Module):

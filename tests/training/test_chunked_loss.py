@@ -174,3 +174,30 @@ def test_peak_memory_of_forward_and_backward_does_not_grow_with_positions():
     assert 2 * chunk_tensor_mb < mb["small"] < 12 * chunk_tensor_mb, mb  # a few [chunk, V] tensors at a time
     assert mb["large"] < mb["small"] + 0.5 * chunk_tensor_mb, mb  # 4x the positions, the same peak
     assert mb["unchunked"] > mb["small"] + 2 * chunk_tensor_mb, mb  # while 256 positions in one chunk cost more
+
+
+@pytest.mark.parametrize("chunk_size", [None, 7])
+def test_stacked_predictions_equal_one_call_each_and_share_the_verifiers_distribution(chunk_size, monkeypatch):
+    """HASS's alignment passes: S predictions of the same targets give each one's own loss, terms and gradient, while
+    the head meets the targets once per chunk, not once per prediction."""
+    predicted, target, weight = _inputs(torch.float32, seed=3)
+    stacked = torch.stack([predicted, predicted + 0.3, predicted - 0.2]).requires_grad_()
+    alone = [row.detach().clone().requires_grad_() for row in stacked]
+    expected = [chunked(leaf, target, weight, 5, chunk_size) for leaf in alone]
+    sum(loss * (k + 1) for k, (loss, _) in enumerate(expected)).backward()
+
+    real_linear, heads = F.linear, []
+
+    def counted_linear(x, w, b=None):
+        heads.append(x.shape[0])
+        return real_linear(x, w, b)
+
+    monkeypatch.setattr(losses.F, "linear", counted_linear)
+    loss, got = chunked(stacked, target, weight, 5, chunk_size)
+    (loss * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    for k, (expected_loss, expected_terms) in enumerate(expected):
+        torch.testing.assert_close(loss[k], expected_loss)
+        for name, value in expected_terms.items():
+            torch.testing.assert_close(got[name][k], value)
+        torch.testing.assert_close(stacked.grad[k], alone[k].grad)
+    assert sum(heads) == (3 + 1) * N  # each prediction's logits, and the targets' once

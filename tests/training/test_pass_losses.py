@@ -1,12 +1,14 @@
-"""EAGLE-3's training loss: its value and gradients equal the definition written out densely whatever the chunking,
-and the verifier's full-vocabulary product, the loss's largest, runs once per counted position whatever the passes."""
+"""Losses of the multi-pass trainings, EAGLE-3's training-time test and HASS's alignment: value and gradients equal
+the per-pass definition whatever the chunking, and the verifier's side of the vocabulary product, the loss's largest,
+runs once per counted position whatever the passes."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from taps_train.features import FEATURES
-from taps_train.training import Eagle3Module
+from taps_train.training import Eagle3Module, HassModule
+from taps_train.training.losses import feature_loss, vocab_losses
 from tests.training.test_training import data, recipe  # noqa: F401 - the recipe fixture
 
 
@@ -65,3 +67,32 @@ def test_the_full_vocabulary_product_runs_once_per_counted_position(module_and_b
     monkeypatch.setattr(F, "linear", counting_linear)
     module.step_losses(batch, train=True)
     assert sum(rows) == int(module.loss_positions(batch["loss_mask"]).sum()) > 0  # not once per pass
+
+
+def hass_per_pass(module: HassModule, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Alignment pass n's loss on its own: feature_weight * SmoothL1 + the vocabulary terms against the same targets;
+    the passes' mean."""
+    h, features = module.hparams, module.batch_features(batch)[FEATURES]
+    counts = module.loss_positions(batch["loss_mask"])
+    per_pass = []
+    for predicted in module.drafter.unroll(batch["input_ids"][:, 1:], features[:, :-1], h.align_steps):
+        vocab, _ = vocab_losses(predicted[counts], features[:, 1:][counts], module.drafter.lm_head.weight, h.prob_weight,
+                                h.topk_weight, h.topk, h.accuracy_topk, None)
+        per_pass.append(h.feature_weight * feature_loss(predicted[counts], features[:, 1:][counts]).mean() + vocab)
+    return sum(per_pass) / len(per_pass), per_pass
+
+
+@pytest.mark.parametrize("chunk", [7, None])
+def test_hass_loss_and_gradients_equal_each_alignment_pass_on_its_own(recipe, random_verifier_dir, chunk):  # noqa: F811
+    torch.manual_seed(0)
+    module = HassModule(verifier=str(random_verifier_dir), align_steps=3, feature_noise=0.0, loss_chunk_size=chunk)
+    dm = data(recipe, random_verifier_dir)
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    parameters = [p for p in module.drafter.parameters() if p.requires_grad]
+    expected, _ = hass_per_pass(module, batch)
+    loss, logs = module.step_losses(batch, train=True)
+    assert torch.allclose(loss, expected, atol=1e-5) and {"prob_loss_step3", "topk_loss_step3", "feature_loss_step1"} <= set(logs)
+    for got, want in zip(torch.autograd.grad(loss, parameters), torch.autograd.grad(expected, parameters)):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
