@@ -229,15 +229,14 @@ def write_manifest(directory: Path, fingerprint: dict, shards: list[dict], sampl
     manifest = {"format": FORMAT, "fingerprint": fingerprint, "shards": shards, "samples": samples, "report": report}
     if _read_manifest(directory) != manifest:
         _write_manifest(directory, manifest)
-    _remove_superseded_short_shards(directory, shards)
+    _remove_superseded_short_shards(directory, {shard["file"] for shard in shards}, samples)
 
 
-def _remove_superseded_short_shards(directory: Path, shards: list[dict]) -> None:
-    """Smaller builds' short last shards that the manifest's shards now cover: no manifest lists them any more."""
-    listed, covered = {shard["file"] for shard in shards}, shards[-1]["end"] if shards else 0
+def _remove_superseded_short_shards(directory: Path, listed: set[str], samples: int) -> None:
+    """Smaller builds' short last shards that the manifest's `samples` now cover: no manifest lists them any more."""
     for path in directory.glob("shard-*-*.safetensors"):
         match = _SHARD_FILE.match(path.name)
-        if match and path.name not in listed and int(match["end"]) <= covered:
+        if match and path.name not in listed and int(match["end"]) <= samples:
             path.unlink(missing_ok=True)
 
 

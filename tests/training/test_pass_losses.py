@@ -12,15 +12,21 @@ from taps_train.training.losses import feature_loss, vocab_losses
 from tests.training.test_training import data, recipe  # noqa: F401 - the recipe fixture
 
 
+def first_batch(recipe: str, verifier_dir, module) -> dict:
+    """The first training batch of `recipe`, with the verifier states `module`'s drafter reads."""
+    dm = data(recipe, verifier_dir, verifier_states=module.drafter.feature_contract().layers)
+    dm.prepare_data()
+    dm.setup("fit")
+    return next(iter(dm.train_dataloader()))
+
+
 @pytest.fixture
 def module_and_batch(recipe, random_verifier_dir):  # noqa: F811
     torch.manual_seed(0)
     module = Eagle3Module(verifier=str(random_verifier_dir), draft_vocab_size=0.5, ttt_steps=3, step_weight_decay=0.8)
-    dm = data(recipe, random_verifier_dir, verifier_states=module.drafter.feature_contract().layers)
-    dm.prepare_data()
-    dm.setup("fit")
+    batch = first_batch(recipe, random_verifier_dir, module)
     module.drafter.set_vocabulary(torch.randperm(module.drafter.config.vocab_size)[: module.drafter.config.draft_vocab_size])
-    return module, next(iter(dm.train_dataloader()))
+    return module, batch
 
 
 def dense_loss(module: Eagle3Module, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -86,10 +92,7 @@ def hass_per_pass(module: HassModule, batch: dict) -> tuple[torch.Tensor, list[t
 def test_hass_loss_and_gradients_equal_each_alignment_pass_on_its_own(recipe, random_verifier_dir, chunk):  # noqa: F811
     torch.manual_seed(0)
     module = HassModule(verifier=str(random_verifier_dir), align_steps=3, feature_noise=0.0, loss_chunk_size=chunk)
-    dm = data(recipe, random_verifier_dir)
-    dm.prepare_data()
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
+    batch = first_batch(recipe, random_verifier_dir, module)
     parameters = [p for p in module.drafter.parameters() if p.requires_grad]
     expected, _ = hass_per_pass(module, batch)
     loss, logs = module.step_losses(batch, train=True)
