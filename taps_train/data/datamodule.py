@@ -34,6 +34,9 @@ from taps_train.verifier.placement import resolve_placement
 from taps_train.verifier.loading import DEFAULT_VERIFIER
 
 
+TRAIN_ON = ("assistant", "all")
+
+
 class CachedSamples(Dataset):
     """Some positions of one feature cache: mixtures and splits are views, not copies."""
 
@@ -51,6 +54,28 @@ class CachedSamples(Dataset):
 
     def loss_token_counts(self, vocab_size: int) -> torch.Tensor:
         return sum(_loss_token_counts(*self.cache.tokens(p), vocab_size) for p in self.positions)
+
+
+class EveryTokenInLoss(Dataset):
+    """Training samples whose every token is in the loss (`train_on: all`), not only the assistant's: the cache holds
+    the verifier's features, and so its distribution, at the user and system tokens too, so the drafter learns from
+    them without another verifier pass. Token counts, which a draft vocabulary is chosen from, stay the assistant's."""
+
+    def __init__(self, samples: "CachedSamples | TokenSamples"):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = self.samples[index]
+        return {**item, "loss_mask": torch.ones_like(item["loss_mask"])}
+
+    def lengths(self) -> list[int]:
+        return self.samples.lengths()
+
+    def loss_token_counts(self, vocab_size: int) -> torch.Tensor:
+        return self.samples.loss_token_counts(vocab_size)
 
 
 class TokenSamples(Dataset):
@@ -91,6 +116,7 @@ class DrafterDataModule(LightningDataModule):
         verifier_states: tuple[int, ...] = (LAST,),
         generation_engine: str = "auto",
         engine_python: str | None = None,
+        train_on: str = "assistant",
     ):
         """
         Args:
@@ -115,6 +141,9 @@ class DrafterDataModule(LightningDataModule):
                 has it and it serves the verifier, else transformers. vLLM is ~3x faster on a CPU (same greedy replies
                 in fp32); each engine's replies are cached apart.
             engine_python: a python that imports vllm (e.g. a venv from scripts/vllm-venv.sh).
+            train_on: the tokens whose guesses train the drafter: assistant (the replies it drafts, as EAGLE and its
+                successors train) or all (user and system turns too, whose features the cache holds anyway: more
+                positions from the same conversations at no verifier cost). Validation stays on assistant tokens.
         """
         super().__init__()
         # The verifier's placement for the cache is logged under its own names: the module's verifier_device/verifier_dtype
@@ -143,6 +172,9 @@ class DrafterDataModule(LightningDataModule):
         if generation_engine not in GENERATION_ENGINES:
             raise TapsError(f"unknown data.generation_engine {generation_engine!r}; use one of {', '.join(GENERATION_ENGINES)}")
         self.generation_engine, self.engine_python = generation_engine, engine_python
+        if train_on not in TRAIN_ON:
+            raise TapsError(f"unknown data.train_on {train_on!r}; use one of {', '.join(TRAIN_ON)}")
+        self.train_on = train_on
         self.cache_dir = writable_directory(cache_dir, "data.cache_dir", "pass a writable folder for the feature cache") if cache_dir else None
         self.online = online
         self.batch_size = batch_size
@@ -175,7 +207,8 @@ class DrafterDataModule(LightningDataModule):
         train, val = [], []
         for source in sources:
             heldout = list(source.heldout_positions)[: self.val_limit]
-            train.append(self._view(source, list(source.train_positions)))
+            view = self._view(source, list(source.train_positions))
+            train.append(EveryTokenInLoss(view) if self.train_on == "all" else view)
             val.append(self._view(source, heldout))
         self.train_set = ConcatDataset([d for d in train if len(d)])
         self.val_set = ConcatDataset([d for d in val if len(d)]) if any(len(d) for d in val) else None

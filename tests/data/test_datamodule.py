@@ -13,6 +13,7 @@ from torch.utils.data import DistributedSampler
 from taps_train.data import feature_cache
 from taps_train.data.batching import BucketBatchSampler, pad_collate
 from taps_train.data.datamodule import DrafterDataModule
+from taps_train.errors import TapsError
 from tests.conftest import write_source
 
 HIDDEN = 32
@@ -252,3 +253,26 @@ def test_pad_collate_right_pads_and_masks():
     assert batch["attention_mask"].tolist() == [[True, True, True], [True, False, False]]
     assert batch["loss_mask"].tolist() == [[False, True, True], [True, False, False]]
     assert batch["features"][1].tolist() == [[2.0] * 4, [0.0] * 4, [0.0] * 4]
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_train_on_all_puts_every_training_token_in_the_loss_and_keeps_validation_and_counts_the_assistants(
+        recipe, random_verifier_dir, tmp_path, online):
+    assistant = datamodule(recipe, random_verifier_dir, tmp_path, online=online)
+    every = datamodule(recipe, random_verifier_dir, tmp_path, online=online, train_on="all")
+    for dm in (assistant, every):
+        dm.prepare_data()
+        dm.setup("fit")
+    masks = {name: {rows(batch)[i]: mask[batch["attention_mask"][i]] for batch in dm.train_dataloader() for i, mask in enumerate(batch["loss_mask"])}
+             for name, dm in (("assistant", assistant), ("all", every))}
+    assert masks["all"].keys() == masks["assistant"].keys()
+    assert all(mask.all() for mask in masks["all"].values())
+    assert not all(mask.all() for mask in masks["assistant"].values())  # the fixture's user turns are out of the assistant loss
+    val = [{rows(batch)[i]: mask for batch in dm.val_dataloader() for i, mask in enumerate(batch["loss_mask"])} for dm in (assistant, every)]
+    assert val[0].keys() == val[1].keys() and all(torch.equal(val[0][key], val[1][key]) for key in val[0])
+    assert torch.equal(every.loss_token_counts(300), assistant.loss_token_counts(300))  # a draft vocabulary comes from replies
+
+
+def test_an_unknown_train_on_is_refused_by_name(recipe, random_verifier_dir, tmp_path):
+    with pytest.raises(TapsError, match="data.train_on 'user'.*assistant, all"):
+        datamodule(recipe, random_verifier_dir, tmp_path, train_on="user")
