@@ -4,7 +4,8 @@ An EAGLE-3 drafter (`draft_vocab_size`) and an EAGLE-1/2 proposal vocabulary (`p
 most frequent assistant tokens of their training data; a verifier token outside them is never accepted, so the
 held-out share they cover bounds the acceptance of every drafted token. Counted on the recipe's training samples,
 measured on its held-out ones (for smol_* recipes, the conversations the chat_heldout / math_heldout benchmarks prompt
-with, their replies regenerated as the training replies are). Tokens only: no feature cache is built.
+with, their replies regenerated as the training replies are). Tokens only: no feature cache is built (a recipe's
+regenerated replies are, where missing).
 
     python bench/vocab_coverage.py --recipe data_recipes/smol_chat_regen_3k.yaml --verifier smollm2-135m \
         --sizes 2048 6144 12288 24576
@@ -37,6 +38,8 @@ def main() -> None:
         data = DrafterDataModule(args.recipe, verifier=args.verifier, online=True)
         data.prepare_data()
         data.setup("fit")
+        if data.val_set is None:
+            raise TapsError(f"recipe {args.recipe} holds out no samples (heldout: 0 in every source), so there is nothing to measure coverage on")
         train_counts = data.loss_token_counts(vocab_size)
         heldout_counts = sum(part.loss_token_counts(vocab_size) for part in data.val_set.datasets)
         print(f"{args.recipe}: {int(train_counts.sum()):,} training assistant tokens ({int((train_counts > 0).sum()):,} distinct), "

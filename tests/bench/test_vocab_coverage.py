@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import write_source
+
 SPEC = importlib.util.spec_from_file_location("vocab_coverage", Path(__file__).parents[2] / "bench" / "vocab_coverage.py")
 vocab_coverage = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(vocab_coverage)
@@ -20,3 +22,13 @@ def test_coverage_counts_heldout_occurrences_of_the_most_frequent_training_token
 
 def test_no_heldout_tokens_is_no_coverage_not_a_division_by_zero():
     assert vocab_coverage.coverage(torch.tensor([3, 1]), torch.zeros(2, dtype=torch.long), 1) == 0.0
+
+
+@pytest.mark.usefixtures("taps_home")
+def test_a_recipe_that_holds_nothing_out_is_refused_in_one_line(random_verifier_dir, tmp_path, monkeypatch):
+    source = write_source(tmp_path / "chat.jsonl", 6, seed=1)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"name: r\nseed: 0\nmax_length: 128\nsources:\n  - {{source: jsonl, args: {{path: {source}}}, heldout: 0, count: 6}}\n")
+    monkeypatch.setattr("sys.argv", ["vocab_coverage.py", "--recipe", str(recipe), "--verifier", str(random_verifier_dir), "--sizes", "4"])
+    with pytest.raises(SystemExit, match="holds out no samples"):
+        vocab_coverage.main()
