@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from taps_train.data.datamodule import DrafterDataModule
+from taps_train.data.datamodule import DrafterDataModule, assistant_token_counts
 from taps_train.drafter.config import most_frequent_tokens
 from taps_train.errors import TapsError
 from taps_train.verifier.loading import read_verifier_files
@@ -41,7 +41,7 @@ def main() -> None:
         if data.val_set is None:
             raise TapsError(f"recipe {args.recipe} holds out no samples (heldout: 0 in every source), so there is nothing to measure coverage on")
         train_counts = data.loss_token_counts(vocab_size)
-        heldout_counts = sum(part.loss_token_counts(vocab_size) for part in data.val_set.datasets)
+        heldout_counts = assistant_token_counts(data.val_set, vocab_size)
         print(f"{args.recipe}: {int(train_counts.sum()):,} training assistant tokens ({int((train_counts > 0).sum()):,} distinct), "
               f"{int(heldout_counts.sum()):,} held-out")
         for size in args.sizes:

@@ -271,7 +271,7 @@ class DrafterDataModule(LightningDataModule):
         what an EAGLE-3 draft vocabulary is chosen from."""
         if self.train_set is None:
             raise TapsError("the datamodule has no training set yet (call setup('fit') first)")
-        return sum(part.loss_token_counts(vocab_size) for part in self.train_set.datasets)
+        return assistant_token_counts(self.train_set, vocab_size)
 
     def _loader(self, dataset: Dataset, sampler: BucketBatchSampler, loader: type[DataLoader] = DataLoader) -> DataLoader:
         return loader(dataset, batch_sampler=sampler, collate_fn=pad_collate, num_workers=self.num_workers,
@@ -292,6 +292,11 @@ class ResumingLoader(DataLoader):
 
 def _loss_token_counts(input_ids: torch.Tensor, loss_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.bincount(input_ids[loss_mask], minlength=vocab_size)[:vocab_size]
+
+
+def assistant_token_counts(dataset: ConcatDataset, vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs among the assistant tokens of a split (`train_set`, `val_set`): [vocab_size] int64."""
+    return sum(part.loss_token_counts(vocab_size) for part in dataset.datasets)
 
 
 def _lengths(dataset: ConcatDataset) -> list[int]:

@@ -1,16 +1,11 @@
 """bench/vocab_coverage.py: the held-out share a draft vocabulary of N tokens can propose."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.conftest import write_source
+from tests.conftest import bench_script, write_source
 
-SPEC = importlib.util.spec_from_file_location("vocab_coverage", Path(__file__).parents[2] / "bench" / "vocab_coverage.py")
-vocab_coverage = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(vocab_coverage)
+vocab_coverage = bench_script("vocab_coverage")
 
 
 @pytest.mark.parametrize("size, expected", [(1, 0.5), (2, 0.625), (3, 0.75), (4, 0.875), (5, 1.0)])
