@@ -360,8 +360,8 @@ def tree_cell(tree: dict | None) -> str:
 
 
 def variants_section(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:
-    """Each variant's τ at every evaluated step, and its difference from the curve's run of the same size at that step,
-    with a paired interval over the same prompts."""
+    """Each variant's τ at every evaluated step, and its difference from the curve's run of the same size at that step
+    and at the curve's checkpoint nearest in training time, each with a paired interval over the same prompts."""
     if not curves.variants:
         return []
     samples = curves.samples[0]
@@ -376,8 +376,33 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
             lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
+    curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]
+    lines += ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
+              "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
+              "training time.", "",
+              "| variant | evaluation | step (training time) | the curve's step (training time) | "
+              + " | ".join(f"{b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
+              "| --- | --- | --- | --- | " + " | ".join("---" for _ in benchmarks) + " |"]
+    for variant in curves.variants:
+        for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
+            reference = nearest_in_time(r, curve_records)
+            if reference is None:
+                continue
+            cells = [difference_cell(r["report"]["benchmarks"].get(b), reference["report"]["benchmarks"].get(b)) for b in benchmarks]
+            lines.append(f"| {variant} | {r['evaluation']} | {r['step']:,} ({minutes_cell(r)}) | {reference['step']:,} "
+                         f"({minutes_cell(reference)}) | " + " | ".join(cells) + " |")
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
                     "training's: one fit per run, so a seed can move τ too.", ""]
+
+
+def nearest_in_time(record: dict, curve_records: list[dict]) -> dict | None:
+    """The curve's record of the same evaluation whose training time is nearest `record`'s; None where either kept no
+    training time (runs without a Timer)."""
+    seconds = record.get("trained_seconds")
+    timed = [r for r in curve_records if r["evaluation"] == record["evaluation"] and r.get("trained_seconds")]
+    if not seconds or not timed:
+        return None
+    return min(timed, key=lambda r: abs(r["trained_seconds"] - seconds))
 
 
 def difference_cell(result: dict | None, reference: dict | None) -> str:

@@ -112,6 +112,21 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     [row] = [line for line in report.splitlines() if line.startswith("| lr_high |") and "| 4 |" in line]
     assert (tmp_path / "out" / "fixed_tau_vs_tokens.png").stat().st_size > 0  # the variant a line beside the curve's run
     assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
+    [timed] = [line for line in report.splitlines() if line.startswith("| lr_high | fixed | 4 (")]  # the equal-time table
+    assert re.search(r"\| 4 \(\d+\.\d min\) \| [24] \(\d+\.\d min\) \| [+-]\d\.\d\d \[", timed)
+
+
+def test_a_variant_is_also_compared_with_the_curve_checkpoint_nearest_in_training_time():
+    def record(step, seconds, evaluation="tree", variant=None):
+        return {"step": step, "evaluation": evaluation, "samples": 100} | ({"trained_seconds": seconds} if seconds else {}) | (
+            {"variant": variant} if variant else {})
+
+    curve = [record(250, 600), record(500, 1200), record(1000, 2400), record(1000, 2400, "vllm"), record(2000, None)]
+    assert curves_module.nearest_in_time(record(500, 2500, variant="v"), curve)["step"] == 1000  # a dearer step: the curve's later one
+    assert curves_module.nearest_in_time(record(500, 700, variant="v"), curve)["step"] == 250
+    assert curves_module.nearest_in_time(record(500, 2500, "vllm", "v"), curve)["evaluation"] == "vllm"  # the same evaluation only
+    assert curves_module.nearest_in_time(record(500, None, variant="v"), curve) is None  # no Timer: no time to match
+    assert curves_module.nearest_in_time(record(500, 900, "auto", "v"), curve) is None
 
 
 @pytest.mark.parametrize("steps, every, last_every", [([2, 4], 2, 2), ([500, 1000], 500, 25), ([1000], 1000, 25)])
