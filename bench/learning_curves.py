@@ -38,6 +38,7 @@ from taps_train.user_yaml import read_yaml
 
 CHECKPOINT_CALLBACKS = ("taps_train.training.checkpointing.LastCheckpoint", "taps_train.training.checkpointing.RunCheckpoint")
 TIMER = "lightning.pytorch.callbacks.Timer"  # its elapsed training time rides in every checkpoint and survives a resume
+EQUAL_TIME = 0.25  # a curve checkpoint counts as "at equal training time" with a variant's within this share of the variant's time
 RESUME_EVERY = 25  # steps between the run's last.ckpt saves, whatever steps it evaluates: a kill loses a minute or two
 # What a run's own fit config sets and a variant may not: the steps, folders and data of the curve.
 CURVE_SETS = {"trainer": {"max_steps", "val_check_interval", "check_val_every_n_epoch", "default_root_dir", "logger", "callbacks"},
@@ -379,7 +380,7 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
     curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]
     lines += ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
               "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
-              "training time.", "",
+              f"training time, where one is within {EQUAL_TIME:.0%} of it.", "",
               "| variant | evaluation | step (training time) | the curve's step (training time) | "
               + " | ".join(f"{b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
               "| --- | --- | --- | --- | " + " | ".join("---" for _ in benchmarks) + " |"]
@@ -396,13 +397,13 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
 
 
 def nearest_in_time(record: dict, curve_records: list[dict]) -> dict | None:
-    """The curve's record of the same evaluation whose training time is nearest `record`'s; None where either kept no
-    training time (runs without a Timer)."""
+    """The curve's record of the same evaluation whose training time is nearest `record`'s, if within EQUAL_TIME of it;
+    None where there is none (e.g. a dearer variant past the curve's last step) or either kept no training time (runs
+    without a Timer)."""
     seconds = record.get("trained_seconds")
-    timed = [r for r in curve_records if r["evaluation"] == record["evaluation"] and r.get("trained_seconds")]
-    if not seconds or not timed:
-        return None
-    return min(timed, key=lambda r: abs(r["trained_seconds"] - seconds))
+    near = [r for r in curve_records if r["evaluation"] == record["evaluation"] and r.get("trained_seconds")
+            and abs(r["trained_seconds"] - seconds) <= EQUAL_TIME * seconds] if seconds else []
+    return min(near, key=lambda r: abs(r["trained_seconds"] - seconds), default=None)
 
 
 def difference_cell(result: dict | None, reference: dict | None) -> str:
