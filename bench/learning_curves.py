@@ -377,8 +377,16 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
             lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
-    curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]
-    lines += ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
+    lines += equal_time_table(curves, records, benchmarks)
+    return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
+                    "training's: one fit per run, so a seed can move τ too.", ""]
+
+
+def equal_time_table(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:
+    """Each variant point against the curve's checkpoint nearest it in training time: τ per minute of training, for
+    variants that change what a step costs."""
+    curve_records = [r for r in records if not r.get("variant") and r["samples"] == curves.samples[0]]
+    lines = ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
               "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
               f"training time, where one is within {EQUAL_TIME:.0%} of it.", "",
               "| variant | evaluation | step (training time) | the curve's step (training time) | "
@@ -392,8 +400,7 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
             cells = [difference_cell(r["report"]["benchmarks"].get(b), reference["report"]["benchmarks"].get(b)) for b in benchmarks]
             lines.append(f"| {variant} | {r['evaluation']} | {r['step']:,} ({minutes_cell(r)}) | {reference['step']:,} "
                          f"({minutes_cell(reference)}) | " + " | ".join(cells) + " |")
-    return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
-                    "training's: one fit per run, so a seed can move τ too.", ""]
+    return lines
 
 
 def nearest_in_time(record: dict, curve_records: list[dict]) -> dict | None:
