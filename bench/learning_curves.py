@@ -366,26 +366,30 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
     if not curves.variants:
         return []
     samples = curves.samples[0]
-    curve = {(r["step"], r["evaluation"]): r["report"]["benchmarks"] for r in records if not r.get("variant") and r["samples"] == samples}
+    curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]
+    curve = {(r["step"], r["evaluation"]): r["report"]["benchmarks"] for r in curve_records}
     lines = [f"## Recipe variants: N = {samples:,}, each against the curve's run of that size", "",
              "| variant | changes | evaluation | step | training time | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
              "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
     for variant, overrides in curves.variants.items():
-        for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
+        for r in variant_records(records, variant):
             cells = []
             for b in benchmarks:
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
             lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
-    lines += equal_time_table(curves, records, benchmarks)
+    lines += equal_time_table(curves, records, curve_records, benchmarks)
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
                     "training's: one fit per run, so a seed can move τ too.", ""]
 
 
-def equal_time_table(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:
-    """Each variant point against the curve's checkpoint nearest it in training time: τ per minute of training, for
-    variants that change what a step costs."""
-    curve_records = [r for r in records if not r.get("variant") and r["samples"] == curves.samples[0]]
+def variant_records(records: list[dict], variant: str) -> list[dict]:
+    return sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"]))
+
+
+def equal_time_table(curves: Curves, records: list[dict], curve_records: list[dict], benchmarks: list[str]) -> list[str]:
+    """Each variant point against the curve's checkpoint (of `curve_records`, its run at the variants' size) nearest it
+    in training time: τ per minute of training, for variants that change what a step costs."""
     lines = ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
               "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
               f"training time, where one is within {EQUAL_TIME:.0%} of it.", "",
@@ -393,7 +397,7 @@ def equal_time_table(curves: Curves, records: list[dict], benchmarks: list[str])
               + " | ".join(f"{b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
               "| --- | --- | --- | --- | " + " | ".join("---" for _ in benchmarks) + " |"]
     for variant in curves.variants:
-        for r in sorted((r for r in records if r.get("variant") == variant), key=lambda r: (r["evaluation"], r["step"])):
+        for r in variant_records(records, variant):
             reference = nearest_in_time(r, curve_records)
             if reference is None:
                 continue
