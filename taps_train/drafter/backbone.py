@@ -36,6 +36,9 @@ class DrafterBackbone(nn.Module, ABC):
     vllm_method: ClassVar[str | None] = None
     # Saved tensors and config keys that only taps-train's own decoder uses; export layouts leave them out.
     decoder_only: ClassVar[tuple[str, ...]] = ()
+    # The submodule that is a Llama decoder layer (attention, post-attention norm, MLP), which `layer_init: verifier`
+    # starts from the verifier's last layer; None: the backbone has none.
+    decoder_layer: ClassVar[str | None] = None
 
     @classmethod
     @abstractmethod

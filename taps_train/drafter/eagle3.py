@@ -124,6 +124,7 @@ class Eagle3Drafter(DrafterBackbone):
     # speculators library's own class.
     serving = {"eagle": "LlamaForCausalLMEagle3", "vllm": "LlamaForCausalLM", "speculators": "Eagle3Speculator"}
     vllm_method = "eagle3"
+    decoder_layer = "midlayer"  # its attention reads [embedding, hidden]: twice the verifier layer's input width
 
     def __init__(self, config: LlamaConfig):
         super().__init__()

@@ -138,6 +138,7 @@ class Drafter(DrafterBackbone):
     vllm_method = "eagle"
     # The proposal vocabulary is taps-train's decoder's alone: engines draft EAGLE-1/2 over the whole vocabulary.
     decoder_only = ("proposal_ids", "proposal_vocab_size")
+    decoder_layer = "layers.0"
 
     def __init__(self, config: LlamaConfig):
         super().__init__()

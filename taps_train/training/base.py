@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone
@@ -25,10 +26,11 @@ from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.optimizers import OPTIMIZERS, make_optimizer
 from taps_train.training.progress import step_progress_bar
 from taps_train.verifier.fingerprint import verifier_fingerprint
-from taps_train.verifier.loading import DEFAULT_VERIFIER, LoadedVerifier, load_verifier, read_verifier_files
+from taps_train.verifier.loading import DEFAULT_VERIFIER, LoadedVerifier, VerifierFiles, load_verifier, read_verifier_files
 from taps_train.verifier.placement import COMPUTE_DTYPE_CHOICES, training_dtype
 
 SCHEDULES = ("cosine", "linear", "constant")
+LAYER_INITS = ("random", "verifier")  # where the drafter's decoder layer starts (model.layer_init)
 
 
 def method_of(hparams: Mapping[str, Any]) -> str | None:
@@ -66,6 +68,7 @@ class DrafterModule(LightningModule, ABC):
         min_lr_ratio: float = 0.0,
         schedule_steps: int | None = None,
         init_from: str | None = None,
+        layer_init: str = "random",
         verifier_dtype: str = "auto",
         loss_chunk_size: int | None = 1024,
     ):
@@ -84,6 +87,10 @@ class DrafterModule(LightningModule, ABC):
             schedule_steps: the step at which warmup + decay end (the rate stays at `min_lr_ratio * lr` after it);
                 None = the run's last step. EAGLE's training script fixes it whatever the run's length.
             init_from: warm start: a taps-train checkpoint whose drafter weights to load (not its optimizer).
+            layer_init: where the drafter's decoder layer starts: random, or verifier: a copy of the verifier's last
+                decoder layer wherever a tensor's name and shape agree (the attention and MLP of a Llama-like verifier;
+                EAGLE-3's attention reads twice the width, so its input projections stay random). A pretrained layer
+                instead of noise, for a drafter that learns from little data.
             verifier_dtype: compute dtype of the full verifier where training runs it (online features, the
                 τ callback), on this module's device: auto (bfloat16 on CUDA, float32 on CPU), bfloat16,
                 float16 or float32. The frozen embedding and LM head follow the trainer's precision instead.
@@ -105,6 +112,11 @@ class DrafterModule(LightningModule, ABC):
             raise TapsError(f"unknown model.optimizer {optimizer!r}; use one of {OPTIMIZERS}")
         if schedule not in SCHEDULES:
             raise TapsError(f"unknown model.schedule {schedule!r}; use one of {SCHEDULES}")
+        if layer_init not in LAYER_INITS:
+            raise TapsError(f"unknown model.layer_init {layer_init!r}; use one of {', '.join(LAYER_INITS)}")
+        if layer_init != "random" and init_from:
+            raise TapsError("model.layer_init and model.init_from both say where the drafter starts (init_from's weights "
+                            "would replace the layer): give one")
         if schedule_steps is not None and schedule_steps < 1:
             raise TapsError(f"model.schedule_steps must be >= 1 (or null for the run's length), got {schedule_steps}")
         if verifier_dtype not in COMPUTE_DTYPE_CHOICES:
@@ -119,6 +131,8 @@ class DrafterModule(LightningModule, ABC):
         self.verifier_fingerprint = verifier_fingerprint(files.path, files.tokenizer)
         self.drafter = self.make_drafter(files.config)
         self.drafter.use_verifier_parts(*files.read_parts())
+        if layer_init == "verifier":
+            self._start_from_verifier_layer(files)
         self._verifier: LoadedVerifier | None = None  # the full verifier, loaded on first need (online, τ callback)
         self._trained_tokens: int | torch.Tensor = 0  # this rank's training tokens (padding excluded); a tensor, so no step waits on it
         if init_from:
@@ -278,6 +292,24 @@ class DrafterModule(LightningModule, ABC):
         if trained != built:
             raise TapsError(f"{where} was trained with {trained}, but this run builds {built}: the same weights computing another "
                             f"function; set those model options as it was trained")
+
+    def _start_from_verifier_layer(self, files: VerifierFiles) -> None:
+        name = self.drafter.decoder_layer
+        if name is None:
+            raise TapsError(f"model.layer_init: verifier: the {self.drafter.label} drafter has no decoder layer to start "
+                            "from the verifier's; use layer_init: random")
+        own = dict(self.drafter.get_submodule(name).named_parameters())
+        verifier = files.read_last_layer()
+        copied = [key for key, tensor in verifier.items() if key in own and own[key].shape == tensor.shape]
+        if not copied:
+            raise TapsError(f"model.layer_init: verifier: no tensor of verifier {files.path}'s last layer ({', '.join(verifier)}) "
+                            f"has the name and shape of one of the drafter's layer; use layer_init: random")
+        with torch.no_grad():
+            for key in copied:
+                own[key].copy_(verifier[key])
+        random = [key for key in own if key not in copied]
+        rank_zero_info(f"layer_init: verifier: the drafter's layer starts from the verifier's last layer's {', '.join(copied)}"
+                       + (f"; random: {', '.join(random)}" if random else ""))
 
     def _warm_start(self, path: str) -> None:
         checkpoint = read_checkpoint(path)

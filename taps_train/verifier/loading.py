@@ -121,7 +121,7 @@ def _refuse_custom_code(path: Path) -> None:
 @dataclass
 class VerifierFiles:
     """What a drafter needs of a verifier without building it: config, tokenizer, and (on demand)
-    the embedding and LM head tensors read straight from the safetensors files."""
+    the embedding and LM head tensors, or its last layer's, read straight from the safetensors files."""
 
     path: str
     config: PretrainedConfig
@@ -135,6 +135,12 @@ class VerifierFiles:
 
         parts = read_verifier_parts(self.path, config=self.config, revision=self.revision)
         return parts.embedding, parts.lm_head
+
+    def read_last_layer(self) -> dict[str, torch.Tensor]:
+        """The last decoder layer's tensors, named as inside the layer, in the file's dtype."""
+        from taps_train.verifier.parts import read_verifier_layer
+
+        return read_verifier_layer(self.path, config=self.config, revision=self.revision)
 
 
 def read_verifier_files(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> VerifierFiles:

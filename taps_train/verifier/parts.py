@@ -1,4 +1,5 @@
-"""The verifier's input embedding and LM head, read straight from its safetensors files.
+"""The verifier's input embedding and LM head (and, for a drafter that starts from it, its last decoder layer), read
+straight from its safetensors files.
 
 A drafter needs only these two frozen tensors from the verifier (2 x 128,256 x 4,096 for Llama-3-8B,
 ~2 GB in bfloat16 against the model's 16 GB), so training from a feature cache must not load, or even
@@ -69,7 +70,7 @@ class VerifierParts:
 
 @dataclass(frozen=True)
 class _Wanted:
-    """What the meta model says about one of the two tensors."""
+    """What the meta model says about one tensor to read."""
 
     param: str  # parameter name in the model
     shape: tuple[int, ...]
@@ -93,51 +94,95 @@ def read_verifier_parts(
     """
     if dtype is not None and not dtype.is_floating_point:
         raise TapsError(f"verifier parts dtype {dtype} is not a floating-point dtype; pass e.g. torch.bfloat16 or torch.float32")
-    path = resolve_verifier_path(name_or_path, trust_remote_code)
-    local = Path(path).is_dir()
-    if local:
-        check_safetensors_weights(Path(path))  # refuses pickles, naming the file and the conversion
-    if config is None:
-        config = read_config(path, revision, trust_remote_code)
-    embedding, head, tied, embed_scale = _inspect_architecture(config, path, trust_remote_code)
-
-    fetch = (lambda name: _local_file(Path(path), name)) if local else (lambda name: _hub_file(path, name, revision))
-    key_files, listing = _key_files(fetch, path)
-    config_where = f"{path}/config.json" if local else f"config.json of {path}"
+    files = _WeightFiles.open(name_or_path, config, revision, trust_remote_code)
+    embedding, head, tied, embed_scale = _inspect_architecture(files.config, files.path, trust_remote_code)
     wanted = {"embedding": embedding} if tied else {"embedding": embedding, "lm_head": head}
-    located = {role: _locate(w, key_files, listing, path, tied) for role, w in wanted.items()}
-
-    with ExitStack() as stack:
-        handles: dict[str, safe_open] = {}
-        for role, (key, filename) in located.items():
-            file = fetch(filename)
-            if file is None:
-                raise TapsError(f"{listing} names shard {filename} for {key}, but that file is missing; re-download the model")
-            if filename not in handles:
-                handles[filename] = stack.enter_context(open_safetensors(file))
-            _check_header(handles[filename], key, file, wanted[role].shape, config_where)
-        tensors, reads = {}, []
-        for role, (key, filename) in located.items():
-            tensor = handles[filename].get_tensor(key)
-            reads.append(TensorRead(filename, key, tensor.nbytes))
-            tensors[role] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+    tensors, reads = files.read(wanted, tied, dtype, device)
     return VerifierParts(
         embedding=tensors["embedding"],
         lm_head=tensors["embedding"] if tied else tensors["lm_head"],
         embed_scale=embed_scale,
         tied=tied,
-        source=path,
+        source=files.path,
         tensors_read=reads,
     )
 
 
+def read_verifier_layer(
+    name_or_path: str,
+    config: PretrainedConfig | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The tensors of the verifier's last decoder layer, named as inside the layer (`self_attn.q_proj.weight`, ...),
+    in their stored dtype: a drafter's decoder layer may start from them (`layer_init: verifier`). Read like the
+    embedding and head: the meta model names them, only the shards holding them are opened, every header is checked
+    before a tensor is read."""
+    files = _WeightFiles.open(name_or_path, config, revision, trust_remote_code)
+    prefix, layer = _last_decoder_layer(_meta_model(files.config, files.path, trust_remote_code), files.config, files.path)
+    wanted = {name: _Wanted(f"{prefix}.{name}", tuple(p.shape)) for name, p in layer.named_parameters()}
+    return files.read(wanted, tied=True, dtype=None, device="cpu")[0]
+
+
+def _last_decoder_layer(model: torch.nn.Module, config: PretrainedConfig, path: str) -> tuple[str, torch.nn.Module]:
+    """(parameter-name prefix, module) of the last decoder layer: the last entry of the module list that holds one
+    entry per hidden layer (`model.layers` in Llama, `transformer.h` in GPT-2, ...)."""
+    count = config.get_text_config(decoder=True).num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return f"{name}.{count - 1}", module[count - 1]
+    raise TapsError(f"verifier {path} ('{config.model_type}') has no list of its {count} decoder layers; "
+                    "layer_init: verifier needs a decoder-only LM with one, use layer_init: random")
+
+
+@dataclass
+class _WeightFiles:
+    """A verifier's safetensors files: where each tensor key lives, read on demand (a hub id downloads only the index
+    and the shards asked for)."""
+
+    path: str  # local directory or hub id
+    config: PretrainedConfig
+    fetch: Callable[[str], Path | None]  # file name -> local file (downloaded if needed), None when absent
+    key_files: dict[str, str]  # tensor key -> file name
+    listing: str  # what named the keys (the index or the single file), for messages
+    config_where: str
+
+    @classmethod
+    def open(cls, name_or_path: str, config: PretrainedConfig | None, revision: str | None, trust_remote_code: bool) -> "_WeightFiles":
+        path = resolve_verifier_path(name_or_path, trust_remote_code)
+        local = Path(path).is_dir()
+        if local:
+            check_safetensors_weights(Path(path))  # refuses pickles, naming the file and the conversion
+        if config is None:
+            config = read_config(path, revision, trust_remote_code)
+        fetch = (lambda name: _local_file(Path(path), name)) if local else (lambda name: _hub_file(path, name, revision))
+        key_files, listing = _key_files(fetch, path)
+        return cls(path, config, fetch, key_files, listing, f"{path}/config.json" if local else f"config.json of {path}")
+
+    def read(self, wanted: dict[str, _Wanted], tied: bool, dtype: torch.dtype | None,
+             device: str | torch.device) -> tuple[dict[str, torch.Tensor], list[TensorRead]]:
+        """The wanted tensors (role -> tensor), each file opened once, every key and header checked before any read."""
+        located = {role: _locate(w, self.key_files, self.listing, self.path, tied) for role, w in wanted.items()}
+        with ExitStack() as stack:
+            handles: dict[str, safe_open] = {}
+            for role, (key, filename) in located.items():
+                file = self.fetch(filename)
+                if file is None:
+                    raise TapsError(f"{self.listing} names shard {filename} for {key}, but that file is missing; re-download the model")
+                if filename not in handles:
+                    handles[filename] = stack.enter_context(open_safetensors(file))
+                _check_header(handles[filename], key, file, wanted[role].shape, self.config_where)
+            tensors, reads = {}, []
+            for role, (key, filename) in located.items():
+                tensor = handles[filename].get_tensor(key)
+                reads.append(TensorRead(filename, key, tensor.nbytes))
+                tensors[role] = tensor.to(device=device, dtype=dtype or tensor.dtype)
+        return tensors, reads
+
+
 def _inspect_architecture(config: PretrainedConfig, path: str, trust_remote_code: bool) -> tuple[_Wanted, _Wanted, bool, float]:
     """Embedding and head parameter names/shapes, tying and embedding scale, from a weightless model."""
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError, ImportError) as err:
-        raise TapsError(f"verifier {path} ('{config.model_type}') is not a causal LM transformers can build: {first_line(err)}; pass a decoder-only LM") from err
+    model = _meta_model(config, path, trust_remote_code)
     embed_module, head_module = model.get_input_embeddings(), model.get_output_embeddings()
     if head_module is None:
         raise TapsError(f"verifier {path} ('{config.model_type}') has no output embedding (LM head); pass a causal LM with one")
@@ -148,6 +193,15 @@ def _inspect_architecture(config: PretrainedConfig, path: str, trust_remote_code
     head = _Wanted(names[id(head_module.weight)], tuple(head_module.weight.shape))
     tied = head_module.weight is embed_module.weight
     return embedding, head, tied, _embed_scale(model, embed_module)
+
+
+def _meta_model(config: PretrainedConfig, path: str, trust_remote_code: bool) -> torch.nn.Module:
+    """The verifier's architecture without weights (meta device): it names the parameters and their shapes."""
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, ImportError) as err:
+        raise TapsError(f"verifier {path} ('{config.model_type}') is not a causal LM transformers can build: {first_line(err)}; pass a decoder-only LM") from err
 
 
 def _embed_scale(model: torch.nn.Module, embed_module: torch.nn.Module) -> float:
@@ -197,15 +251,19 @@ def _key_files(fetch: Callable[[str], Path | None], path: str) -> tuple[dict[str
 
 
 def _locate(wanted: _Wanted, key_files: dict[str, str], listing: str, path: str, tied: bool) -> tuple[str, str]:
-    """(checkpoint key, file name) of a wanted parameter: its own name, else the unique key with its leaf name."""
+    """(checkpoint key, file name) of a wanted parameter: its own name, else the unique key ending in its name less
+    leading parts (`layers.3.mlp.up_proj.weight` for `model.layers.3.mlp.up_proj.weight`), longest first, down to
+    `<module>.weight`."""
     if wanted.param in key_files:
         return wanted.param, key_files[wanted.param]
-    leaf = ".".join(wanted.param.split(".")[-2:])
-    matches = sorted(key for key in key_files if key == leaf or key.endswith("." + leaf))
-    if len(matches) == 1:
-        return matches[0], key_files[matches[0]]
-    if matches:
-        raise TapsError(f"{listing} has several candidates for {wanted.param} ({', '.join(matches)}); the checkpoint layout is ambiguous")
+    parts = wanted.param.split(".")
+    for start in range(len(parts) - 1):
+        leaf = ".".join(parts[start:])
+        matches = sorted(key for key in key_files if key == leaf or key.endswith("." + leaf))
+        if len(matches) == 1:
+            return matches[0], key_files[matches[0]]
+        if matches:
+            raise TapsError(f"{listing} has several candidates for {wanted.param} ({', '.join(matches)}); the checkpoint layout is ambiguous")
     why = "" if tied else " and config.json does not tie it to the embedding (transformers would give this verifier a random head)"
     raise TapsError(f"{listing} has no tensor {wanted.param}{why}; the checkpoint of {path} is incomplete, re-download or re-save it")
 
@@ -217,7 +275,7 @@ def _check_header(handle: safe_open, key: str, file: Path, shape: tuple[int, ...
     piece = handle.get_slice(key)
     stored = piece.get_dtype()
     if stored not in _FLOAT_DTYPES:
-        raise TapsError(f"{file}: {key} is stored as {stored}; the frozen embedding/head must be float (BF16, F16, F32 or F64), not quantized or integer")
+        raise TapsError(f"{file}: {key} is stored as {stored}; the verifier tensors a drafter reads must be float (BF16, F16, F32 or F64), not quantized or integer")
     got = tuple(piece.get_shape())
     if got != shape:
-        raise TapsError(f"{file}: {key} has shape {list(got)} but {config_where} implies {list(shape)} (vocab_size x hidden_size); the weights do not match the config")
+        raise TapsError(f"{file}: {key} has shape {list(got)} but {config_where} implies {list(shape)}; the weights do not match the config")

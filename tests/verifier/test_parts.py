@@ -26,7 +26,7 @@ from transformers import (
 import taps_train.verifier.loading as loading_module
 import taps_train.verifier.parts as parts_module
 from taps_train.errors import TapsError
-from taps_train.verifier.parts import INDEX, read_verifier_parts
+from taps_train.verifier.parts import INDEX, read_verifier_layer, read_verifier_parts
 from taps_train.verifier.offline.standin import build_standin
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -287,3 +287,29 @@ def test_peak_memory_is_the_parts_not_the_model(tmp_path):
     print(f"peak RSS growth: parts {parts_peak / 1e6:.0f} MB, full model {model_peak / 1e6:.0f} MB; files: parts {parts_bytes / 1e6:.0f} MB of {model_bytes / 1e6:.0f} MB")
     assert parts_peak < 1.1 * parts_bytes + 64e6
     assert model_peak > 0.9 * model_bytes and model_peak - parts_peak > 0.8 * (model_bytes - parts_bytes)
+
+
+def test_last_layer_equals_the_loaded_models_and_reads_only_its_tensors(standin):
+    model = AutoModelForCausalLM.from_pretrained(standin)
+    expected = dict(model.model.layers[-1].named_parameters())
+    layer = read_verifier_layer(str(standin))
+    assert list(layer) == list(expected)
+    for name, tensor in layer.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, expected[name]), name
+
+
+def test_last_layer_of_a_checkpoint_without_the_base_model_prefix(tmp_path):
+    """`layers.0.mlp.up_proj.weight` saved from the bare LlamaModel: the longest unique suffix of the name finds it."""
+    path = _tiny_llama(tmp_path / "plain", tied=False)
+    state = load_file(path / "model.safetensors")
+    save_file({k.removeprefix("model."): v for k, v in state.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    layer = read_verifier_layer(str(path))
+    assert torch.equal(layer["mlp.up_proj.weight"], state["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_last_layer_missing_from_the_checkpoint(tmp_path):
+    path = _tiny_llama(tmp_path / "cut", tied=False)
+    state = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in state.items() if ".layers." not in k}, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(TapsError, match=r"has no tensor model.layers.0.self_attn.q_proj.weight; the checkpoint .* is incomplete"):
+        read_verifier_layer(str(path))
