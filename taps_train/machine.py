@@ -18,6 +18,11 @@ def cpu_flags() -> list[str]:
     return [flag for flag in FLAGS if flag in found]
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX512-BF16 or AMX); elsewhere PyTorch emulates it, slower than fp32."""
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
+
+
 def processor() -> str:
     """The CPU's model name (Linux), else what the platform says."""
     try:

@@ -14,13 +14,14 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.strategies import DeepSpeedStrategy
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from transformers import PretrainedConfig
 
 from taps_train.drafter import DrafterBackbone
 from taps_train.drafter.checkpoint import check_verifier, load_drafter_weights, read_checkpoint
 from taps_train.drafter.config import most_frequent_tokens
 from taps_train.features import FEATURES
+from taps_train.machine import native_bf16, processor
 from taps_train.errors import TapsError
 from taps_train.ranges import float_problem, int_problem, require
 from taps_train.training.optimizers import OPTIMIZERS, make_optimizer
@@ -150,6 +151,9 @@ class DrafterModule(LightningModule, ABC):
         if self.trainer is None:
             return
         self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
+        if stage == "fit" and self.device.type == "cpu" and str(self.trainer.precision).startswith("bf16") and not native_bf16():
+            rank_zero_warn(f"trainer.precision {self.trainer.precision} on a CPU without AVX512-BF16 or AMX ({processor()}): bfloat16 "
+                           "is emulated there, a step slower than in fp32; set trainer.precision: 32-true")
         data_contract = getattr(self.trainer.datamodule, "contract", None)
         if data_contract is not None and data_contract != self.drafter.feature_contract():
             raise TapsError(f"the datamodule provides verifier hidden states {list(data_contract.layers)} but the drafter reads "

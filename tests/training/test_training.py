@@ -159,3 +159,16 @@ def test_bad_module_arguments_are_clear(random_verifier_dir):
         Eagle2Module(verifier=str(random_verifier_dir), schedule="exponential")
     with pytest.raises(TapsError, match="align_steps"):
         HassModule(verifier=str(random_verifier_dir), align_steps=0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_on_a_cpu_that_emulates_it_warns(recipe, random_verifier_dir, tmp_path, monkeypatch, native):
+    """The smol configs train in bf16-mixed, which pays only where the CPU computes bf16 (AVX512-BF16 or AMX)."""
+    monkeypatch.setattr("taps_train.training.base.native_bf16", lambda: native)
+    module = Eagle2Module(verifier=str(random_verifier_dir))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, max_steps=1, enable_checkpointing=False, precision="bf16-mixed").fit(module, datamodule=data(recipe, random_verifier_dir))
+    emulated = [str(w.message) for w in caught if "is emulated there" in str(w.message)]
+    assert len(emulated) == (0 if native else 1)
+    assert not emulated or "set trainer.precision: 32-true" in emulated[0]
