@@ -150,8 +150,9 @@ class DrafterModule(LightningModule, ABC):
     def setup(self, stage: str) -> None:
         if self.trainer is None:
             return
-        self.drafter.cast_verifier_parts(training_dtype(self.trainer.precision))
-        if stage == "fit" and self.device.type == "cpu" and str(self.trainer.precision).startswith("bf16") and not native_bf16():
+        compute_dtype = training_dtype(self.trainer.precision)
+        self.drafter.cast_verifier_parts(compute_dtype)
+        if stage == "fit" and self.device.type == "cpu" and compute_dtype == torch.bfloat16 and not native_bf16():
             rank_zero_warn(f"trainer.precision {self.trainer.precision} on a CPU without AVX512-BF16 or AMX ({processor()}): bfloat16 "
                            "is emulated there, a step slower than in fp32; set trainer.precision: 32-true")
         data_contract = getattr(self.trainer.datamodule, "contract", None)
@@ -311,9 +312,9 @@ class DrafterModule(LightningModule, ABC):
         with torch.no_grad():
             for key in copied:
                 own[key].copy_(verifier[key])
-        random = [key for key in own if key not in copied]
+        left_random = [key for key in own if key not in copied]
         rank_zero_info(f"layer_init: verifier: the drafter's layer starts from the verifier's last layer's {', '.join(copied)}"
-                       + (f"; random: {', '.join(random)}" if random else ""))
+                       + (f"; random: {', '.join(left_random)}" if left_random else ""))
 
     def _warm_start(self, path: str) -> None:
         checkpoint = read_checkpoint(path)
