@@ -8,7 +8,8 @@ report (markdown + PNG) says what a log-linear fit of τ over the training-set s
 Recipe choices are compared the same way: each of the config's `variants` (overrides of the fit config's model, data or
 trainer arguments) is one more run at the first training-set size, evaluated at the same steps on the same prompts, and
 the report gives its τ minus the curve's at each step with a paired interval over the prompts: τ per unit of compute,
-not one end point. `overrides` (the same form) change every run, e.g. to keep a curve's recipe when its fit config moves on.
+not one end point. A variant that changes what a step costs gives its own `steps` (its run's length and schedule), so that
+at equal training time both runs are compared at the end of their own decay, not one of them halfway through it. `overrides` (the same form) change every run, e.g. to keep a curve's recipe when its fit config moves on.
 
 Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
 repository), and every evaluation is a record of its own under `<out>/records/` (committed), so a fresh clone
@@ -64,7 +65,7 @@ class Curves:
     evaluations: list[Evaluation]
     verifier: str
     out: str
-    variants: dict[str, dict] = field(default_factory=dict)  # name -> {model|data|trainer: {argument: value}}: one run each
+    variants: dict[str, dict] = field(default_factory=dict)  # name -> {model|data|trainer: {argument: value}, steps?: [...]}: one run each
     overrides: dict[str, dict] = field(default_factory=dict)  # {model|data|trainer: {argument: value}} of every run (a variant's on top)
 
     @classmethod
@@ -77,16 +78,21 @@ class Curves:
             raise TapsError(f"learning-curve config {path}: {err}; see bench/curves/*.yaml for the fields") from err
         if len(set(curves.samples)) != len(curves.samples) or min(curves.samples) < 1:
             raise TapsError(f"learning-curve config {path}: samples must be distinct positive counts (runs go in their order)")
-        if sorted(set(curves.steps)) != curves.steps or min(curves.steps) < 1:
-            raise TapsError(f"learning-curve config {path}: steps must be increasing positive counts")
-        for evaluation in curves.evaluations:
-            if evaluation.at is not None and not set(evaluation.at) <= set(curves.steps):
-                raise TapsError(f"learning-curve config {path}: evaluation {evaluation.name} is at steps {evaluation.at}, "
-                                f"not all of them checkpoints (steps {curves.steps})")
         for name in curves.variants:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
                 raise TapsError(f"learning-curve config {path}: variant name {name!r} must be letters, digits, '_', '.' or '-' (it names folders)")
-        checked = {f"variant {name}": overrides for name, overrides in curves.variants.items()}
+        runs_steps = {"": curves.steps} | {f"variant {name}'s ": spec["steps"] for name, spec in curves.variants.items()
+                                            if isinstance(spec, dict) and "steps" in spec}
+        for whose, steps in runs_steps.items():
+            if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and s > 0 for s in steps) or sorted(set(steps)) != steps:
+                raise TapsError(f"learning-curve config {path}: {whose}steps must be increasing positive counts")
+        checkpoints = sorted({step for steps in runs_steps.values() for step in steps})
+        for evaluation in curves.evaluations:
+            if evaluation.at is not None and not set(evaluation.at) <= set(checkpoints):
+                raise TapsError(f"learning-curve config {path}: evaluation {evaluation.name} is at steps {evaluation.at}, "
+                                f"not all of them checkpoints of a run (steps {checkpoints})")
+        checked = {f"variant {name}": curves.overrides_of(name) for name, spec in curves.variants.items()
+                   if not (isinstance(spec, dict) and set(spec) == {"steps"})}  # a variant may change its length alone
         if curves.overrides != {}:  # the default: no change
             checked["overrides"] = curves.overrides
         for what, overrides in checked.items():
@@ -100,6 +106,15 @@ class Curves:
                                     "which the curve sets for every run")
         return curves
 
+    def steps_of(self, variant: str | None) -> list[int]:
+        """The checkpoints a run evaluates; the last is the run's length and its schedule's."""
+        return self.variants[variant].get("steps", self.steps) if variant else self.steps
+
+    def overrides_of(self, variant: str) -> dict[str, dict]:
+        """A variant's changes to the fit config: its spec without its steps."""
+        spec = self.variants[variant]
+        return {section: arguments for section, arguments in spec.items() if section != "steps"} if isinstance(spec, dict) else spec
+
     def runs(self) -> list[tuple[str | None, int]]:
         """(variant, samples) of every run in order: the curve's sizes, then each variant at the first size."""
         return [(None, samples) for samples in self.samples] + [(variant, self.samples[0]) for variant in self.variants]
@@ -107,7 +122,7 @@ class Curves:
     def pending(self, samples: int, variant: str | None = None) -> list[tuple[int, Evaluation]]:
         """(step, evaluation) of every record of run `samples` not yet written, the trained drafter first: the point a
         user wants most."""
-        return [(step, evaluation) for step in reversed(self.steps) for evaluation in self.evaluations
+        return [(step, evaluation) for step in reversed(self.steps_of(variant)) for evaluation in self.evaluations
                 if (evaluation.at is None or step in evaluation.at) and not self.record_path(samples, step, evaluation, variant).exists()]
 
     def run_dir(self, samples: int, variant: str | None = None) -> Path:
@@ -140,7 +155,8 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
 
     config = read_yaml(curves.fit_config, "fit config", "pass a taps-train fit config")
-    last, every = curves.steps[-1], math.gcd(*curves.steps)
+    steps = curves.steps_of(variant)
+    last, every = steps[-1], math.gcd(*steps)
     trainer = config["trainer"]
     trainer.update(max_steps=last, val_check_interval=last, check_val_every_n_epoch=None, default_root_dir=str(run_dir))
     trainer["logger"]["init_args"]["save_dir"] = str(run_dir)
@@ -153,7 +169,7 @@ def write_run_files(curves: Curves, samples: int, variant: str | None = None) ->
     trainer["callbacks"] = callbacks
     config["model"]["init_args"]["verifier"] = curves.verifier
     config["data"]["init_args"].update(recipe=str(run_dir / "recipe.yaml"), verifier=curves.verifier)
-    for overrides in (curves.overrides, curves.variants.get(variant, {})):
+    for overrides in (curves.overrides, curves.overrides_of(variant) if variant else {}):
         for section, arguments in overrides.items():
             (trainer if section == "trainer" else config[section]["init_args"]).update(arguments)
     check_resumable(run_dir, config)
@@ -190,7 +206,7 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
 def train(curves: Curves, samples: int, variant: str | None = None) -> None:
     """Fit the run of `samples` conversations to its last step, resuming from its last checkpoint."""
     run_dir = curves.run_dir(samples, variant)
-    if all(checkpoint_path(run_dir, step).exists() for step in curves.steps):
+    if all(checkpoint_path(run_dir, step).exists() for step in curves.steps_of(variant)):
         return
     command = ["taps-train", "fit", "--config", str(write_run_files(curves, samples, variant))]
     if (run_dir / "last.ckpt").exists():
@@ -249,7 +265,7 @@ def eval_report(drafter: Path, verifier: str, evaluation: Evaluation, engine_pyt
 def read_records(curves: Curves) -> list[dict]:
     found = []
     for variant, samples in curves.runs():
-        for step in curves.steps:
+        for step in curves.steps_of(variant):
             for evaluation in curves.evaluations:
                 path = curves.record_path(samples, step, evaluation, variant)
                 if path.exists():
@@ -371,13 +387,16 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
     lines = [f"## Recipe variants: N = {samples:,}, each against the curve's run of that size", "",
              "| variant | changes | evaluation | step | training time | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
              "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
-    for variant, overrides in curves.variants.items():
+    for variant in curves.variants:
+        own_steps = curves.steps_of(variant)
+        described = "; ".join(filter(None, [changes(curves.overrides_of(variant)),
+                                            f"a run of {own_steps[-1]:,} steps" if own_steps != curves.steps else ""]))
         for r in variant_records(records, variant):
             cells = []
             for b in benchmarks:
                 result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
                 cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
-            lines.append(f"| {variant} | {changes(overrides)} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
+            lines.append(f"| {variant} | {described} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
     lines += equal_time_table(curves, records, curve_records, benchmarks)
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
                     "training's: one fit per run, so a seed can move τ too.", ""]

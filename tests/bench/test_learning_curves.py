@@ -139,6 +139,32 @@ def test_a_run_keeps_its_evaluated_steps_and_a_last_checkpoint_every_few_minutes
     assert saves == {(every, -1, False), (last_every, 0, True)}  # a kill loses at most `last_every` steps, not a whole stretch
 
 
+def test_a_variant_with_its_own_steps_trains_evaluates_and_reports_its_own_length(config):
+    """A variant that halves a step's cost runs twice the steps, its cosine decay spanning them: at equal time it meets
+    the curve at the end of its own schedule, not halfway through the curve's."""
+    raw = yaml.safe_load(config.read_text())
+    raw.update(samples=[8], variants={"small_batch": {"data": {"batch_size": 2}, "steps": [4, 8]}, "longer": {"steps": [8]}})
+    config.write_text(yaml.safe_dump(raw))
+    curves = curves_module.Curves.read(str(config))
+    assert curves.steps_of("small_batch") == [4, 8] and curves.steps_of(None) == [2, 4] and curves.steps_of("longer") == [8]
+    assert curves.overrides_of("small_batch") == {"data": {"batch_size": 2}} and curves.overrides_of("longer") == {}
+    fit = yaml.safe_load(curves_module.write_run_files(curves, 8, "small_batch").read_text())
+    assert fit["trainer"]["max_steps"] == 8 and fit["data"]["init_args"]["batch_size"] == 2
+    assert {c["init_args"]["every_n_train_steps"] for c in fit["trainer"]["callbacks"] if "every_n_train_steps" in c.get("init_args", {})} == {4}
+    assert [(step, e.name) for step, e in curves.pending(8, "small_batch")] == [(8, "fixed"), (4, "fixed"), (4, "fixed_last")]
+    assert yaml.safe_load(curves_module.write_run_files(curves, 8, "longer").read_text())["trainer"]["max_steps"] == 8
+
+    def record(step, variant=None):
+        result = {"acceptance_length": 1.5, "prompt_new_tokens": [3, 3], "prompt_verify_calls": [2, 2]}
+        return {"samples": 8, "step": step, "evaluation": "fixed", "trained_tokens": 100 * step, "trained_seconds": 10.0 * step,
+                "report": {"benchmarks": {"gsm8k": result}}} | ({"variant": variant} if variant else {})
+
+    report = curves_module.variants_section(curves, [record(2), record(4), record(4, "small_batch"), record(8, "small_batch")], ["gsm8k"])
+    rows = [line for line in report if line.startswith("| small_batch | data.batch_size=2; a run of 8 steps |")]
+    assert [row.split(" | ")[3] for row in rows] == ["4", "8"]  # its own steps, step 8 beside no curve point of that step
+    assert rows[0].endswith("| 1.50 | +0.00 [+0.00, +0.00] |") and rows[1].endswith("| 1.50 |  |")
+
+
 def test_overrides_change_every_run_and_a_variant_changes_its_own_on_top(config):
     raw = yaml.safe_load(config.read_text())
     raw.update(overrides={"model": {"proposal_vocab_size": None, "lr": 0.005}}, variants={"lr_high": {"model": {"lr": 0.02}}})
@@ -162,6 +188,10 @@ def test_overrides_change_every_run_and_a_variant_changes_its_own_on_top(config)
     ({"variants": {"v": {"data": {"recipe": "x.yaml"}}}}, "variant v sets data.recipe"),
     ({"variants": {"v": {"model": 3}}}, "variant v must map model, data or trainer"),
     ({"variants": {"v": {}}}, "variant v must map model, data or trainer"),
+    ({"variants": {"v": {"steps": [4, 2]}}}, "variant v's steps must be increasing positive counts"),
+    ({"variants": {"v": {"model": {"lr": 1}, "steps": []}}}, "variant v's steps must be increasing"),
+    ({"variants": {"v": {"steps": "8"}}}, "variant v's steps must be increasing"),
+    ({"evaluations": {"fixed": {"args": [], "at": [8]}}, "variants": {"v": {"steps": [8]}}}, None),  # a variant's step: fine
     ({"overrides": {"optimizer": {"lr": 1}}}, "overrides changes 'optimizer'; only model, data and trainer"),
     ({"overrides": {"data": {"recipe": "r.yaml"}}}, "overrides sets data.recipe, which the curve sets for every run"),
     ({"overrides": []}, "overrides must map model, data or trainer"),
@@ -170,6 +200,9 @@ def test_bad_configs_are_one_line(config, change, message, monkeypatch, capsys):
     raw = yaml.safe_load(config.read_text())
     raw.update(change)
     config.write_text(yaml.safe_dump(raw))
+    if message is None:
+        curves_module.Curves.read(str(config))
+        return
     with pytest.raises(SystemExit, match=message):
         run(config, monkeypatch=monkeypatch)
 
