@@ -8,8 +8,9 @@ report (markdown + PNG) says what a log-linear fit of τ over the training-set s
 Recipe choices are compared the same way: each of the config's `variants` (overrides of the fit config's model, data or
 trainer arguments) is one more run at the first training-set size, evaluated at the same steps on the same prompts, and
 the report gives its τ minus the curve's at each step with a paired interval over the prompts: τ per unit of compute,
-not one end point. A variant that changes what a step costs gives its own `steps` (its run's length and schedule), so that
-at equal training time both runs are compared at the end of their own decay, not one of them halfway through it. `overrides` (the same form) change every run, e.g. to keep a curve's recipe when its fit config moves on.
+not one end point. A variant that changes what a step costs gives its own `steps` (its run's length and schedule), so
+that at equal training time both runs are compared at the end of their own decay, not one of them halfway through it.
+`overrides` (the same form, without steps) change every run, e.g. to keep a curve's recipe when its fit config moves on.
 
 Resumable from any point: fits resume from their last checkpoint (kept under $TAPS_HOME/curves/<name>, not in the
 repository), and every evaluation is a record of its own under `<out>/records/` (committed), so a fresh clone
