@@ -82,11 +82,11 @@ class Curves:
         for name in curves.variants:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)):
                 raise TapsError(f"learning-curve config {path}: variant name {name!r} must be letters, digits, '_', '.' or '-' (it names folders)")
-        runs_steps = {"": curves.steps} | {f"variant {name}'s ": spec["steps"] for name, spec in curves.variants.items()
-                                            if isinstance(spec, dict) and "steps" in spec}
-        for whose, steps in runs_steps.items():
+        runs_steps = {"steps": curves.steps} | {f"variant {name}'s steps": spec["steps"] for name, spec in curves.variants.items()
+                                                 if isinstance(spec, dict) and "steps" in spec}
+        for what, steps in runs_steps.items():
             if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and s > 0 for s in steps) or sorted(set(steps)) != steps:
-                raise TapsError(f"learning-curve config {path}: {whose}steps must be increasing positive counts")
+                raise TapsError(f"learning-curve config {path}: {what} must be increasing positive counts")
         checkpoints = sorted({step for steps in runs_steps.values() for step in steps})
         for evaluation in curves.evaluations:
             if evaluation.at is not None and not set(evaluation.at) <= set(checkpoints):
