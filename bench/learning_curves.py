@@ -323,17 +323,7 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
             lines.append(f"| {r['samples']:,} | {r['step']:,} | {r['trained_tokens']:,} | {minutes_cell(r)} | {tree_cell(r['report'].get('tree'))} | "
                          + " | ".join(cells) + " |")
         lines.append("")
-        for b in benchmarks:
-            last = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in rows
-                    if r["step"] == curves.steps[-1] and b in r["report"]["benchmarks"]]
-            fit = log_linear_fit(last)
-            if fit:
-                largest = max(n for n, _ in last)
-                predict = {k: fit[0] + fit[1] * math.log10(k * largest) for k in (10, 100)}
-                lines.append(f"- {b}: τ = {fit[0]:.2f} + {fit[1]:.3f} log10(N) over N = {sorted(n for n, _ in last)} at step "
-                             f"{curves.steps[-1]:,}; at 10x the data ({10 * largest:,}) it predicts τ {predict[10]:.2f}, at 100x "
-                             f"{predict[100]:.2f} (a log-linear extrapolation: curves bend down as they near the tree's ceiling, "
-                             "so read these as upper estimates, and only at this many steps)")
+        lines += predictions(rows, benchmarks, curves.steps[-1])
         lines += size_differences(rows, benchmarks) + [""]
         plot(curves, evaluation, [r for r in records if r["evaluation"] == evaluation.name], benchmarks, out)  # variants too
         lines += [f"![τ against trained tokens]({evaluation.name}_tau_vs_tokens.png)",
@@ -341,6 +331,29 @@ def write_report(curves: Curves, records: list[dict]) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(lines + variants_section(curves, records, benchmarks)))
     return path
+
+
+def predictions(rows: list[dict], benchmarks: list[str], step: int) -> list[str]:
+    """What a log-linear fit of τ over the sizes at `step` predicts at 10x and 100x the largest. Points `--tree auto`
+    decoded plainly are left out: their τ 1.00 measures no drafter, so a fit through them says nothing."""
+    lines = []
+    for b in benchmarks:
+        at_step = [r for r in rows if r["step"] == step and b in r["report"]["benchmarks"]]
+        drafted = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in at_step
+                   if tree_cell(r["report"].get("tree")) != "plain"]
+        plain = sorted(r["samples"] for r in at_step if tree_cell(r["report"].get("tree")) == "plain")
+        fit = log_linear_fit(drafted)
+        if fit:
+            largest = max(n for n, _ in drafted)
+            predict = {k: fit[0] + fit[1] * math.log10(k * largest) for k in (10, 100)}
+            lines.append(f"- {b}: τ = {fit[0]:.2f} + {fit[1]:.3f} log10(N) over N = {sorted(n for n, _ in drafted)} at step "
+                         f"{step:,}; at 10x the data ({10 * largest:,}) it predicts τ {predict[10]:.2f}, at 100x "
+                         f"{predict[100]:.2f} (a log-linear extrapolation: curves bend down as they near the tree's ceiling, "
+                         "so read these as upper estimates, and only at this many steps)")
+        if plain:
+            lines.append(f"- {b}: N = {plain} decoded plainly at step {step:,} (`--tree auto` found no tree that pays), "
+                         "left out of the fit")
+    return lines
 
 
 def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:

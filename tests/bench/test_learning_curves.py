@@ -235,6 +235,21 @@ def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_tree
     assert curves_module.size_differences(rows, ["math"]) == ["- N = 400 minus N = 100 at step 10 [paired 95%]: math +1.00 [+1.00, +1.00]"]
 
 
+def test_the_fit_over_sizes_predicts_from_drafted_points_only():
+    def row(samples, step, tau, tree):
+        return {"samples": samples, "step": step, "report": {"tree": tree, "benchmarks": {"math": {"acceptance_length": tau}}}}
+
+    chain, plain = {"total_tokens": 4, "depth": 2, "top_k": 1}, {"total_tokens": 1, "depth": 1, "top_k": 1}
+    drafted = [row(100, 20, 1.5, chain), row(1000, 20, 2.0, chain), row(1000, 10, 9.0, chain)]  # step 10: not the fit's step
+    [line] = curves_module.predictions(drafted, ["math"], 20)
+    assert "τ = 0.50 + 0.500 log10(N) over N = [100, 1000] at step 20" in line and "predicts τ 2.50, at 100x 3.00" in line
+    assert curves_module.predictions([row(100, 20, 1.0, plain), row(1000, 20, 1.0, plain)], ["math"], 20) == [
+        "- math: N = [100, 1000] decoded plainly at step 20 (`--tree auto` found no tree that pays), left out of the fit"]
+    lines = curves_module.predictions(drafted + [row(10, 20, 1.0, plain)], ["math"], 20)
+    assert len(lines) == 2 and "over N = [100, 1000]" in lines[0] and "N = [10] decoded plainly" in lines[1]
+    assert curves_module.predictions([row(100, 20, 1.5, chain)], ["math"], 20) == []  # one size: nothing to fit
+
+
 @pytest.mark.parametrize(("tree", "cell"), [(None, ""), ({"total_tokens": 1, "depth": 1, "top_k": 1}, "plain"),
                                             ({"total_tokens": 4, "depth": 2, "top_k": 1}, "chain of 3"),
                                             ({"total_tokens": 16, "depth": 4, "top_k": 4}, "16/4/4"),
