@@ -359,13 +359,14 @@ def predictions(rows: list[dict], benchmarks: list[str], step: int) -> list[str]
 def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
     """The largest training set's τ minus each smaller one's at every step both reached, paired over the same prompts:
     where more distinct data starts to pay, at equal training tokens. Only where both decoded with the same tree (`--tree
-    auto` picks one per drafter and machine load)."""
+    auto` picks one per drafter and machine load), and where that tree drafts: two plain decodes both measure τ 1.00."""
     by_run = {(r["samples"], r["step"]): r["report"] for r in rows}
     largest = max((n for n, _ in by_run), default=None)
     lines = []
     for (samples, step), report in sorted(by_run.items()):
         reference = by_run.get((largest, step))
-        if samples == largest or reference is None or tree_cell(reference.get("tree")) != tree_cell(report.get("tree")):
+        tree = tree_cell(report.get("tree"))
+        if samples == largest or reference is None or tree_cell(reference.get("tree")) != tree or tree == "plain":
             continue
         results, reference = report["benchmarks"], reference["benchmarks"]
         cells = [f"{b} {difference_cell(reference.get(b), results.get(b))}" for b in benchmarks if reference.get(b) and results.get(b)]

@@ -224,14 +224,15 @@ def test_shipped_curve_configs_name_real_configs_and_fit_their_recipes(path, mon
         assert exit_info.value.code in (0, None), (variant, capsys.readouterr().err)
 
 
-def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_tree():
+def test_larger_data_is_compared_paired_at_equal_steps_and_only_at_the_same_drafting_tree():
     def row(samples, step, new_tokens, tree):
         result = {"acceptance_length": sum(new_tokens) / 30, "prompt_new_tokens": new_tokens, "prompt_verify_calls": [10, 10, 10]}
         return {"samples": samples, "step": step, "report": {"tree": tree, "benchmarks": {"math": result}}}
 
-    chain = {"total_tokens": 4, "depth": 2, "top_k": 1}
+    chain, plain = {"total_tokens": 4, "depth": 2, "top_k": 1}, {"total_tokens": 1, "depth": 1, "top_k": 1}
     rows = [row(400, 10, [40, 40, 40], chain), row(100, 10, [30, 30, 30], chain), row(100, 20, [30, 30, 30], chain),
-            row(400, 30, [40, 40, 40], chain), row(100, 30, [30, 30, 30], {"total_tokens": 1, "depth": 1, "top_k": 1})]
+            row(400, 30, [40, 40, 40], chain), row(100, 30, [30, 30, 30], plain), row(400, 40, [30, 30, 30], plain),
+            row(100, 40, [30, 30, 30], plain)]  # step 40: both plain, τ 1.00 against 1.00 compares no drafters
     assert curves_module.size_differences(rows, ["math"]) == ["- N = 400 minus N = 100 at step 10 [paired 95%]: math +1.00 [+1.00, +1.00]"]
 
 
