@@ -393,8 +393,9 @@ def tree_cell(tree: dict | None) -> str:
 
 def variants_section(curves: Curves, records: list[dict], benchmarks: list[str]) -> list[str]:
     """Each variant's τ at every evaluated step, and its difference from the curve's run of the same size at that step
-    and at the curve's checkpoint nearest in training time, each with a paired interval over the same prompts."""
-    if not curves.variants:
+    and at the curve's checkpoint nearest in training time, each with a paired interval over the same prompts. Nothing
+    until a variant has a point (a queued variant is no result)."""
+    if not any(r.get("variant") in curves.variants for r in records):
         return []
     samples = curves.samples[0]
     curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]

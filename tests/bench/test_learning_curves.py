@@ -159,6 +159,7 @@ def test_a_variant_with_its_own_steps_trains_evaluates_and_reports_its_own_lengt
         return {"samples": 8, "step": step, "evaluation": "fixed", "trained_tokens": 100 * step, "trained_seconds": 10.0 * step,
                 "report": {"benchmarks": {"gsm8k": result}}} | ({"variant": variant} if variant else {})
 
+    assert curves_module.variants_section(curves, [record(2), record(4)], ["gsm8k"]) == []  # variants not run yet: no empty tables
     report = curves_module.variants_section(curves, [record(2), record(4), record(4, "small_batch"), record(8, "small_batch")], ["gsm8k"])
     rows = [line for line in report if line.startswith("| small_batch | data.batch_size=2; a run of 8 steps |")]
     assert [row.split(" | ")[3] for row in rows] == ["4", "8"]  # its own steps, step 8 beside no curve point of that step
