@@ -339,9 +339,8 @@ def predictions(rows: list[dict], benchmarks: list[str], step: int) -> list[str]
     lines = []
     for b in benchmarks:
         at_step = [r for r in rows if r["step"] == step and b in r["report"]["benchmarks"]]
-        drafted = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in at_step
-                   if tree_cell(r["report"].get("tree")) != "plain"]
         plain = sorted(r["samples"] for r in at_step if tree_cell(r["report"].get("tree")) == "plain")
+        drafted = [(r["samples"], r["report"]["benchmarks"][b]["acceptance_length"]) for r in at_step if r["samples"] not in plain]
         fit = log_linear_fit(drafted)
         if fit:
             largest = max(n for n, _ in drafted)
