@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                    help="--engine vllm: a python that imports vllm (default: $TAPS_ENGINE_PYTHON, as regeneration reads it, else this one)")
     p.add_argument("--engine-threads", type=int, default=None, help="--engine vllm: CPU threads (default: every core this process may use)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="--engine vllm: draft tokens per verifier step (a greedy chain)")
-    p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (a _T<temp> suffix is added per temperature)")
+    p.add_argument("--output", default="checkpoints/eval/report.json", help="report path (with several --temperatures, one report each, a _T<temp> suffix added to each)")
     p.add_argument("--wandb-project", default=None, help="also log the reports to this W&B project (offline without an API key or network)")
     return p
 
