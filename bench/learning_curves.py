@@ -357,15 +357,13 @@ def predictions(rows: list[dict], benchmarks: list[str], step: int) -> list[str]
 
 def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
     """The largest training set's τ minus each smaller one's at every step both reached, paired over the same prompts:
-    where more distinct data starts to pay, at equal training tokens. Only where both decoded with the same tree (`--tree
-    auto` picks one per drafter and machine load), and where that tree drafts: two plain decodes both measure τ 1.00."""
+    where more distinct data starts to pay, at equal training tokens. Only where the two are `comparable`."""
     by_run = {(r["samples"], r["step"]): r["report"] for r in rows}
     largest = max((n for n, _ in by_run), default=None)
     lines = []
     for (samples, step), report in sorted(by_run.items()):
         reference = by_run.get((largest, step))
-        tree = tree_cell(report.get("tree"))
-        if samples == largest or reference is None or tree_cell(reference.get("tree")) != tree or tree == "plain":
+        if samples == largest or reference is None or not comparable(report, reference):
             continue
         results, reference = report["benchmarks"], reference["benchmarks"]
         cells = [f"{b} {difference_cell(reference.get(b), results.get(b))}" for b in benchmarks if reference.get(b) and results.get(b)]
@@ -376,6 +374,13 @@ def size_differences(rows: list[dict], benchmarks: list[str]) -> list[str]:
 def minutes_cell(record: dict) -> str:
     seconds = record.get("trained_seconds")
     return f"{seconds / 60:.1f} min" if seconds else ""
+
+
+def comparable(report: dict, reference: dict) -> bool:
+    """Whether two evaluations' τ measure their drafters, not their trees: both decoded with the same tree (`--tree auto`
+    picks one per drafter, machine and load), and it drafts (two plain decodes both measure τ 1.00)."""
+    tree = tree_cell(report.get("tree"))
+    return tree == tree_cell(reference.get("tree")) and tree != "plain"
 
 
 def tree_cell(tree: dict | None) -> str:
@@ -398,7 +403,7 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
         return []
     samples = curves.samples[0]
     curve_records = [r for r in records if not r.get("variant") and r["samples"] == samples]
-    curve = {(r["step"], r["evaluation"]): r["report"]["benchmarks"] for r in curve_records}
+    curve = {(r["step"], r["evaluation"]): r["report"] for r in curve_records}
     lines = [f"## Recipe variants: N = {samples:,}, each against the curve's run of that size", "",
              "| variant | changes | evaluation | step | training time | " + " | ".join(f"{b} τ | {b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
              "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in benchmarks) + " |"]
@@ -409,8 +414,8 @@ def variants_section(curves: Curves, records: list[dict], benchmarks: list[str])
         for r in variant_records(records, variant):
             cells = []
             for b in benchmarks:
-                result, reference = r["report"]["benchmarks"].get(b), curve.get((r["step"], r["evaluation"]), {}).get(b)
-                cells += [f"{result['acceptance_length']:.2f}" if result else "", difference_cell(result, reference)]
+                result = r["report"]["benchmarks"].get(b)
+                cells += [f"{result['acceptance_length']:.2f}" if result else "", paired_cell(r["report"], curve.get((r["step"], r["evaluation"])), b)]
             lines.append(f"| {variant} | {described} | {r['evaluation']} | {r['step']:,} | {minutes_cell(r)} | " + " | ".join(cells) + " |")
     lines += equal_time_table(curves, records, curve_records, benchmarks)
     return lines + ["", "A difference is resolved when its interval excludes 0. Intervals hold the prompts' variation, not "
@@ -423,22 +428,25 @@ def variant_records(records: list[dict], variant: str) -> list[dict]:
 
 def equal_time_table(curves: Curves, records: list[dict], curve_records: list[dict], benchmarks: list[str]) -> list[str]:
     """Each variant point against the curve's checkpoint (of `curve_records`, its run at the variants' size) nearest it
-    in training time: τ per minute of training, for variants that change what a step costs."""
-    lines = ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
-              "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
-              f"training time, where one is within {EQUAL_TIME:.0%} of it.", "",
-              "| variant | evaluation | step (training time) | the curve's step (training time) | "
-              + " | ".join(f"{b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
-              "| --- | --- | --- | --- | " + " | ".join("---" for _ in benchmarks) + " |"]
+    in training time: τ per minute of training, for variants that change what a step costs. Nothing where no variant
+    point has such a checkpoint."""
+    rows = []
     for variant in curves.variants:
         for r in variant_records(records, variant):
             reference = nearest_in_time(r, curve_records)
             if reference is None:
                 continue
-            cells = [difference_cell(r["report"]["benchmarks"].get(b), reference["report"]["benchmarks"].get(b)) for b in benchmarks]
-            lines.append(f"| {variant} | {r['evaluation']} | {r['step']:,} ({minutes_cell(r)}) | {reference['step']:,} "
-                         f"({minutes_cell(reference)}) | " + " | ".join(cells) + " |")
-    return lines
+            cells = [paired_cell(r["report"], reference["report"], b) for b in benchmarks]
+            rows.append(f"| {variant} | {r['evaluation']} | {r['step']:,} ({minutes_cell(r)}) | {reference['step']:,} "
+                        f"({minutes_cell(reference)}) | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", "At equal training time (a variant that makes a step dearer must beat the curve's run where both had the "
+            "same minutes, not only at the same step): each variant point against the curve's checkpoint nearest it in "
+            f"training time, where one is within {EQUAL_TIME:.0%} of it.", "",
+            "| variant | evaluation | step (training time) | the curve's step (training time) | "
+            + " | ".join(f"{b} τ minus the curve's [paired 95%]" for b in benchmarks) + " |",
+            "| --- | --- | --- | --- | " + " | ".join("---" for _ in benchmarks) + " |", *rows]
 
 
 def nearest_in_time(record: dict, curve_records: list[dict]) -> dict | None:
@@ -449,6 +457,16 @@ def nearest_in_time(record: dict, curve_records: list[dict]) -> dict | None:
     near = [r for r in curve_records if r["evaluation"] == record["evaluation"] and r.get("trained_seconds")
             and abs(r["trained_seconds"] - seconds) <= EQUAL_TIME * seconds] if seconds else []
     return min(near, key=lambda r: abs(r["trained_seconds"] - seconds), default=None)
+
+
+def paired_cell(report: dict, reference: dict | None, benchmark: str) -> str:
+    """`report`'s τ minus `reference`'s on one benchmark, where the two are `comparable`; else which trees they decoded with."""
+    if reference is None:
+        return ""
+    if not comparable(report, reference):
+        tree, reference_tree = tree_cell(report.get("tree")), tree_cell(reference.get("tree"))
+        return "both decoded plainly" if tree == reference_tree else f"trees differ ({tree} against {reference_tree})"
+    return difference_cell(report["benchmarks"].get(benchmark), reference["benchmarks"].get(benchmark))
 
 
 def difference_cell(result: dict | None, reference: dict | None) -> str:

@@ -21,6 +21,7 @@ def run(args: list[str] | None, command: str) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     from taps_train.fit_config import check_fit_config_file, check_output_directories, check_trainer_options
+    from taps_train.training.trainer import Trainer
 
     class TapsCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
@@ -45,6 +46,7 @@ def run(args: list[str] | None, command: str) -> None:
         TapsCLI(
             LightningModule,
             LightningDataModule,
+            trainer_class=Trainer,  # Lightning's, plus `precision: auto`
             subclass_mode_model=True,
             subclass_mode_data=True,
             args=args,

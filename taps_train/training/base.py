@@ -154,7 +154,7 @@ class DrafterModule(LightningModule, ABC):
         self.drafter.cast_verifier_parts(compute_dtype)
         if stage == "fit" and self.device.type == "cpu" and compute_dtype == torch.bfloat16 and not native_bf16():
             rank_zero_warn(f"trainer.precision {self.trainer.precision} on a CPU without AVX512-BF16 or AMX ({processor()}): bfloat16 "
-                           "is emulated there, a step slower than in fp32; set trainer.precision: 32-true")
+                           "is emulated there, a step slower than in fp32; set trainer.precision: 32-true, or auto (bf16 where native)")
         data_contract = getattr(self.trainer.datamodule, "contract", None)
         if data_contract is not None and data_contract != self.drafter.feature_contract():
             raise TapsError(f"the datamodule provides verifier hidden states {list(data_contract.layers)} but the drafter reads "

@@ -166,6 +166,30 @@ def test_a_variant_with_its_own_steps_trains_evaluates_and_reports_its_own_lengt
     assert rows[0].endswith("| 1.50 | +0.00 [+0.00, +0.00] |") and rows[1].endswith("| 1.50 |  |")
 
 
+def test_a_variant_is_paired_with_the_curve_only_where_both_decoded_with_the_same_drafting_tree(config):
+    """`--tree auto` picks a tree per drafter and machine: a variant at 3/1/2 against the curve at 20/5/6 compares trees."""
+    raw = yaml.safe_load(config.read_text())
+    raw.update(samples=[8], variants={"small_batch": {"data": {"batch_size": 2}}})
+    config.write_text(yaml.safe_dump(raw))
+    curves = curves_module.Curves.read(str(config))
+
+    def record(step, seconds, tree, variant=None):
+        result = {"acceptance_length": 1.5, "prompt_new_tokens": [3, 3], "prompt_verify_calls": [2, 2]}
+        return {"samples": 8, "step": step, "evaluation": "auto", "trained_tokens": 100 * step, "trained_seconds": seconds,
+                "report": {"tree": tree, "benchmarks": {"gsm8k": result}}} | ({"variant": variant} if variant else {})
+
+    small, large, plain = ({"total_tokens": 3, "depth": 1, "top_k": 2}, {"total_tokens": 20, "depth": 5, "top_k": 6},
+                           {"total_tokens": 1, "depth": 1, "top_k": 1})
+    records = [record(2, 10.0, large), record(4, 20.0, plain), record(2, 20.0, small, "small_batch"), record(4, 40.0, plain, "small_batch")]
+    report = curves_module.variants_section(curves, records, ["gsm8k"])
+    per_step = [line for line in report if line.startswith("| small_batch | data.batch_size=2 |")]
+    assert [row.rsplit(" | ", 1)[1] for row in per_step] == ["trees differ (3/1/2 against 20/5/6) |", "both decoded plainly |"]
+    [equal_time] = [line for line in report if line.startswith("| small_batch | auto | 2 ")]  # 20 s: the curve's step 4
+    assert equal_time.endswith("| trees differ (3/1/2 against plain) |")
+    untimed = curves_module.variants_section(curves, [records[0], record(2, None, small, "small_batch")], ["gsm8k"])
+    assert not any("At equal training time" in line for line in untimed)  # no point to match: no empty table
+
+
 def test_overrides_change_every_run_and_a_variant_changes_its_own_on_top(config):
     raw = yaml.safe_load(config.read_text())
     raw.update(overrides={"model": {"proposal_vocab_size": None, "lr": 0.005}}, variants={"lr_high": {"model": {"lr": 0.02}}})
