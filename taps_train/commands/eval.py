@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=TreeConfig.top_k)
     p.add_argument("--calibration-prompts", type=int, default=2,
                    help="--tree auto: prompts per benchmark it measures acceptance on (those after the evaluated ones)")
+    p.add_argument("--calibrate-on", nargs="+", default=None, metavar="BENCHMARK",
+                   help="--tree auto: the benchmarks whose prompts choose the tree (default: every one of --benchmarks). A "
+                        "specialist's tree is best chosen on its own domain; the speculation gate guards the others")
     p.add_argument("--gate", choices=["auto", "off"], default="auto",
                    help="auto: with a calibrated tree (--tree auto, --tree-from), rounds fall back to plain decoding while speculation "
                         "does not pay (taps_train/decoding/gate.py); off: every round speculates (τ of the drafter alone)")
@@ -139,7 +142,8 @@ def run(args: list[str]) -> None:
             benchmarks=results,
             average_acceptance_length=sum(r.acceptance_length for r in results.values()) / len(results),
             weights=None if options.weights is None else tuple(options.weights),  # None: uniform
-            tree_calibration=None if calibration is None else {**calibration.as_dict(), "measured": measured(calibration, results)},
+            tree_calibration=None if calibration is None else {**calibration.as_dict(), "calibrated_on": calibrated_on(options),
+                                                               "measured": measured(calibration, results)},
             speculation_gate=None if gate is None else gate.as_dict(),
             machine=machine.describe(verifier.model.device),
         )
@@ -160,6 +164,16 @@ def gate_from_report(options: argparse.Namespace, tree: TreeConfig, drafters: in
     tokens = 1 + drafters * (tree.total_tokens - 1) if options.strategy in ("merge", "merge-union") else tree.total_tokens
     expected = calibration.get("choice", {}).get("expected_tau")
     return costs.gate(tree, float(expected) if isinstance(expected, int | float) and expected > 0 else 1.0, drafting, tokens)
+
+
+def benchmark_names(options: argparse.Namespace) -> list[str]:
+    """--benchmarks' names (a `name:path` spec is named `name`)."""
+    return [spec.split(":")[0] for spec in options.benchmarks]
+
+
+def calibrated_on(options: argparse.Namespace) -> list[str]:
+    """The benchmarks whose prompts chose a --tree auto tree."""
+    return options.calibrate_on or benchmark_names(options)
 
 
 def measured(calibration: TreeCalibration, results: dict[str, BenchmarkResult]) -> dict:
@@ -193,10 +207,13 @@ def write_reports(reports: dict[float, EvalReport], options: argparse.Namespace)
 
 
 def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.Namespace, eos: set[int], bound: TreeConfig) -> TreeCalibration:
-    """`--tree auto`: calibrate on the first turns of the prompts that follow the evaluated ones in every benchmark (a
-    benchmark with no more prompts lends its evaluated ones, said in one line) and print the choice."""
+    """`--tree auto`: calibrate on the first turns of the prompts that follow the evaluated ones in every benchmark, or
+    in those of --calibrate-on (a benchmark with no more prompts lends its evaluated ones, said in one line), and print
+    the choice."""
     chosen = {}
     for name, items in benchmarks.items():
+        if options.calibrate_on and name not in options.calibrate_on:
+            continue
         chosen[name] = items[options.prompts : options.prompts + options.calibration_prompts]
         if not chosen[name]:
             chosen[name] = items[: options.calibration_prompts]
@@ -205,7 +222,7 @@ def auto_tree(verifier, drafter, benchmarks: dict[str, list], options: argparse.
     prompts = [first_turn_ids(verifier.tokenizer, prompt) for items in chosen.values() for prompt in items]
     context = getattr(verifier.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 2**62
     prompts = [ids for ids in prompts if len(ids) + options.max_new_tokens + bound.levels + 1 <= context]
-    print(f"--tree auto: measuring call costs and acceptance on {len(prompts)} prompts (shapes up to {bound.total_tokens} tokens, "
+    print(f"--tree auto: measuring call costs and acceptance on {len(prompts)} prompts of {', '.join(chosen)} (shapes up to {bound.total_tokens} tokens, "
           f"depth {bound.depth}, top-k {bound.top_k})")
     calibration = calibrate_tree(verifier.model, drafter, prompts, eos, bound, continuation_tokens=min(48, options.max_new_tokens))
     choice, plain = calibration.choice, calibration.plain
@@ -244,6 +261,13 @@ def check_options(options: argparse.Namespace, calibrated: TreeConfig | None = N
                         "Calibrate one drafter with --tree auto and pass its report to --tree-from, or give --total-tokens/--depth/--top-k")
     if options.calibration_prompts < 1:
         raise refuse("--calibration-prompts", options.calibration_prompts, "at least 1")
+    if options.calibrate_on is not None:
+        if options.tree != "auto":
+            raise TapsError("--calibrate-on names the benchmarks --tree auto calibrates on; add --tree auto, or drop --calibrate-on")
+        names = benchmark_names(options)
+        unknown = [name for name in options.calibrate_on if name not in names]
+        if unknown:
+            raise TapsError(f"--calibrate-on {' '.join(unknown)}: not among --benchmarks ({', '.join(names)}); name benchmarks this eval runs")
     if options.weights is not None:
         if options.strategy != "average":
             raise TapsError(f"--weights applies only to --strategy average, not '{options.strategy}'; drop --weights or pass --strategy average")

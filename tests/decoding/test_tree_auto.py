@@ -167,3 +167,21 @@ def test_eval_with_tree_auto_decodes_with_the_chosen_tree_and_records_the_curve(
         with pytest.raises(SystemExit) as exit_info:
             main(["eval", "--drafters", str(checkpoint), "--verifier", str(random_verifier_dir), "--output", str(tmp_path / "x.json"), *extra])
         assert exit_info.value.code == 1 and message in capsys.readouterr().err
+
+
+def test_calibrate_on_chooses_the_tree_from_the_named_benchmarks_prompts_only(checkpoint, random_verifier_dir, tmp_path, capsys):  # noqa: F811
+    """A math specialist evaluated on math and chat: its tree is chosen on math, as it would be deployed."""
+    output = tmp_path / "r.json"
+    benchmarks = [f"gsm8k:{FIXTURES / 'gsm8k.jsonl'}", f"mt_bench:{FIXTURES / 'mt_bench.jsonl'}"]
+    main(["eval", "--drafters", str(checkpoint), "--verifier", str(random_verifier_dir), "--benchmarks", *benchmarks, "--prompts", "1",
+          "--max-new-tokens", "8", "--tree", "auto", "--total-tokens", "6", "--depth", "2", "--top-k", "2", "--calibration-prompts", "1",
+          "--calibrate-on", "gsm8k", "--no-baseline", "--output", str(output)])
+    report = json.loads(output.read_text())
+    assert report["tree_calibration"]["calibrated_on"] == ["gsm8k"] and set(report["benchmarks"]) == {"gsm8k", "mt_bench"}
+    assert "--tree auto: measuring call costs and acceptance on 1 prompts of gsm8k " in capsys.readouterr().out
+    for extra, message in ((["--calibrate-on", "gsm8k"], "add --tree auto"),
+                           (["--tree", "auto", "--calibrate-on", "gsm8k", "chat"], "--calibrate-on chat: not among --benchmarks (gsm8k, mt_bench)")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "--drafters", str(checkpoint), "--verifier", str(random_verifier_dir), "--benchmarks", *benchmarks,
+                  "--output", str(tmp_path / "x.json"), *extra])
+        assert exit_info.value.code == 1 and message in capsys.readouterr().err
