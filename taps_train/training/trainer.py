@@ -13,6 +13,7 @@ from lightning.pytorch import Trainer as LightningTrainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from taps_train.machine import native_bf16, processor
+from taps_train.verifier.placement import resolve_compute_dtype
 
 
 def auto_precision(accelerator: object = "auto") -> tuple[str, str]:
@@ -20,8 +21,10 @@ def auto_precision(accelerator: object = "auto") -> tuple[str, str]:
     (16-mixed on one without) and on a CPU with native bf16, 32-true on any other CPU or device."""
     name = (accelerator if isinstance(accelerator, str) else type(accelerator).__name__).lower()
     if torch.cuda.is_available() and (name == "auto" or name.startswith(("gpu", "cuda"))):
-        gpu = torch.cuda.get_device_name()
-        return ("bf16-mixed", f"{gpu} computes bf16") if torch.cuda.is_bf16_supported() else ("16-mixed", f"{gpu} has no bf16")
+        gpu = torch.cuda.get_device_name()  # its half dtype: the one the verifier computes in there (`--verifier-dtype auto`)
+        if resolve_compute_dtype("auto", "cuda") == torch.bfloat16:
+            return "bf16-mixed", f"{gpu} computes bf16"
+        return "16-mixed", f"{gpu} has no bf16"
     if name == "auto" or name.startswith("cpu"):
         if native_bf16():
             return "bf16-mixed", f"{processor()} computes bf16 (AVX512-BF16 or AMX)"

@@ -7,8 +7,7 @@ import torch
 
 from taps_train.cli import main
 from taps_train.training.trainer import Trainer, auto_precision
-
-RECIPE = "name: t\nseed: 0\nmax_length: 128\nsources:\n  - source: gsm_symbolic\n    args: {size: 20, seed: 3}\n    heldout: 2\n    count: 8\n"
+from tests.training.test_fit_output import RECIPE
 
 
 @pytest.fixture
