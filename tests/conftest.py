@@ -4,6 +4,7 @@ offline tiny verifier for integration tests (built once per machine, then reused
 import importlib.util
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -16,8 +17,21 @@ from taps_train.data.corpora import gsm_symbolic_conversations
 from taps_train.verifier.offline.tokenizer import EOT, train_chat_tokenizer
 
 # Unit tests use tiny models whose ops are too small to gain from threads; one thread also keeps
-# timings stable when the machine is shared.
+# timings stable when the machine is shared. Real models get the machine's threads back (`machine_threads`).
+MACHINE_THREADS = torch.get_num_threads()
 torch.set_num_threads(1)
+
+
+@contextmanager
+def machine_threads():
+    """Torch's threads as a user's process has them, for work on real models (one thread made the tiny verifier's
+    build take 18 minutes instead of 8 on 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(MACHINE_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _random_verifier(path: Path, seed: int) -> Path:
@@ -66,7 +80,8 @@ def tiny_verifier_dir() -> Path:
     """The real offline tiny verifier under $TAPS_HOME (builds it on first use, ~8 min on 2 cores)."""
     from taps_train.verifier.offline.tiny import ensure_tiny_verifier
 
-    return ensure_tiny_verifier()
+    with machine_threads():
+        return ensure_tiny_verifier()
 
 
 STANDIN_SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2}

