@@ -1,10 +1,9 @@
 """Every shipped recipe builds end to end with `taps-train cache`.
 
 Offline recipes run against the real tiny verifier, cut to a few samples each (their whole selection is checked
-without building it). Hub recipes (MathInstruct, ShareGPT) read
-generated files in their published layouts from a local Hugging Face cache (HF_HUB_OFFLINE), the
-way a machine that downloaded them once would, against a random Llama with a 2,048-token context
-(the recipes' max_length). Each build must produce every sample the recipe selects, with checksums
+without building it). Hub recipes (MathInstruct, ShareGPT) read generated files in their published layouts from a
+local Hugging Face cache (HF_HUB_OFFLINE), the way a machine that downloaded them once would, against a random Llama
+with a 2,048-token context (the recipes' max_length). Each build must produce every sample it selects, with checksums
 that verify, and put the recipe's own text into the cache.
 """
 
