@@ -114,8 +114,8 @@ def test_a_variant_is_a_run_of_its_own_compared_paired_with_the_curve(config, tm
     assert "model.lr=0.02" in row and re.search(r"\| [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\] \|", row)  # paired: same prompts
     # The equal-time table is there only where a variant point's training time is near a curve point's: these runs last
     # fractions of a second, so the machine decides; its rows are the test below's.
-    points = {p: json.loads(p.read_text()) for p in records.rglob("n8_*.json")}
-    matched = any(curves_module.nearest_in_time(r, [c for c in points.values() if not c.get("variant")]) for r in points.values() if r.get("variant"))
+    points = [json.loads(p.read_text()) for p in records.rglob("n8_*.json")]
+    matched = any(curves_module.nearest_in_time(r, [c for c in points if not c.get("variant")]) for r in points if r.get("variant"))
     assert ("| variant | evaluation | step (training time) | the curve's step (training time) |" in report) == matched
 
 

@@ -110,6 +110,7 @@ def test_every_offline_recipe_builds(tiny_verifier_dir, tmp_path):
     `taps-train cache` (regeneration included) on the tiny verifier: building every sample of the SmolLM2 recipes' 14,000
     regenerations on it took 11 of CI's minutes and tested nothing more."""
     assert "tiny_chat_regen" in {p.stem for p in OFFLINE_RECIPES}
+    (tmp_path / "recipes").mkdir()
     for recipe_path in OFFLINE_RECIPES:
         recipe = load_recipe(recipe_path)
         for selection in recipe.sources:
@@ -119,7 +120,6 @@ def test_every_offline_recipe_builds(tiny_verifier_dir, tmp_path):
         for source in raw["sources"]:
             source.update(heldout=min(source["heldout"], 2), count=min(source["count"], 4))
         shortened = tmp_path / "recipes" / recipe_path.name
-        shortened.parent.mkdir(exist_ok=True)
         shortened.write_text(yaml.safe_dump(raw))
         stdout = run_cache(shortened, tiny_verifier_dir, tmp_path / "features", {})
         check_built(shortened, stdout, tiny_verifier_dir, {"gsm_symbolic": "user", "sharegpt": "user"})
